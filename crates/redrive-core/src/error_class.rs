@@ -1,0 +1,66 @@
+//! What kind of failure an attempt ended with, and what that means for retrying.
+
+use serde::{Deserialize, Serialize};
+
+/// The class of a failed attempt (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// Retry on the policy's schedule.
+    Transient,
+    /// Retry no earlier than the failure's `retry_after` (bounded by the policy).
+    RateLimited,
+    /// No retry: the message is dead now (`permanent_error`).
+    Permanent,
+}
+
+impl ErrorClass {
+    /// The snake_case name used in the API, metrics and storage.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Transient => "transient",
+            ErrorClass::RateLimited => "rate_limited",
+            ErrorClass::Permanent => "permanent",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "transient" => Some(Self::Transient),
+            "rate_limited" => Some(Self::RateLimited),
+            "permanent" => Some(Self::Permanent),
+            _ => None,
+        }
+    }
+}
+
+/// One failed attempt as the consumer (or the lease reaper) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// How to treat it.
+    pub class: ErrorClass,
+    /// What went wrong, for people. Free text, stored in history.
+    pub message: Option<String>,
+    /// For [`ErrorClass::RateLimited`]: the earliest sensible retry, in ms.
+    pub retry_after_ms: Option<u64>,
+    /// A machine code such as `lease_expired`, when redrive itself saw the failure.
+    pub code: Option<String>,
+}
+
+impl Failure {
+    /// A failure of `class` with a message.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        Self { class, message: Some(message.into()), retry_after_ms: None, code: None }
+    }
+
+    /// The failure redrive records when a lease runs out before an ack or nack.
+    pub fn lease_expired() -> Self {
+        Self {
+            class: ErrorClass::Transient,
+            message: Some("lease expired before ack or nack".to_owned()),
+            retry_after_ms: None,
+            code: Some("lease_expired".to_owned()),
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Messages, their states and their history.
+//!
+//! ```text
+//!  publish ──► scheduled ──(due)──► ready ──(lease)──► leased ──(ack)──► done
+//!     │            ▲                  ▲                  │
+//!     └──(no delay)┼──────────────────┘                  │ nack / lease expired
+//!                  └────────────(retry)──────────────────┤
+//!                                                        └──(no retry left)──► dead
+//!  dead / scheduled ──(redrive)──► ready          any ──(kill)──► dead
+//! ```
+
+use crate::{ErrorClass, MessageId, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Where a message is in its life (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Waiting for `due_at`: a delayed publish or a retry backoff.
+    Scheduled,
+    /// Due and deliverable.
+    Ready,
+    /// Handed to a consumer until the lease expires.
+    Leased,
+    /// Acked. Kept for the configured retention, then purged.
+    Done,
+    /// No more retries. Kept until an operator acts.
+    Dead,
+}
+
+impl State {
+    /// Every state, in lifecycle order.
+    pub const ALL: [State; 5] =
+        [State::Scheduled, State::Ready, State::Leased, State::Done, State::Dead];
+
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Scheduled => "scheduled",
+            State::Ready => "ready",
+            State::Leased => "leased",
+            State::Done => "done",
+            State::Dead => "dead",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// A small stable integer for storage.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The inverse of [`State::code`].
+    pub fn from_code(c: u8) -> Option<Self> {
+        Self::ALL.get(c as usize).copied()
+    }
+
+    /// Done or dead: no delivery will happen without an operator.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Dead)
+    }
+}
+
+/// Why a message is dead (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadReason {
+    /// The last allowed attempt failed.
+    MaxAttempts,
+    /// The next retry would fall past `created_at + max_age`.
+    MaxAge,
+    /// The attempt failed with class `permanent`.
+    PermanentError,
+    /// An operator killed it.
+    Killed,
+}
+
+impl DeadReason {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::MaxAttempts => "max_attempts",
+            DeadReason::MaxAge => "max_age",
+            DeadReason::PermanentError => "permanent_error",
+            DeadReason::Killed => "killed",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::MaxAttempts, Self::MaxAge, Self::PermanentError, Self::Killed]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
+/// The most recent failure of a message, as shown to consumers and operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastError {
+    /// Its class.
+    pub class: ErrorClass,
+    /// Free text from the consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// A machine code set by redrive itself (e.g. `lease_expired`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// When it happened.
+    pub at: Timestamp,
+}
+
+/// What happened, in one history entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum HistoryEvent {
+    /// The attempt was acked.
+    Acked,
+    /// The attempt failed; `next` says what the policy decided.
+    Failed {
+        /// The failure.
+        error: LastError,
+        /// `retry_after` the consumer asked for, in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+        /// Scheduled retry time, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_at: Option<Timestamp>,
+        /// The delay chosen by the policy, in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delay_ms: Option<u64>,
+        /// Why it is dead, if it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dead_reason: Option<DeadReason>,
+    },
+    /// An operator redrove it: ready now, fresh attempt budget.
+    Redriven,
+    /// An operator killed it.
+    Killed {
+        /// The operator's reason.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// One entry of a message's history: an attempt's outcome or an operator action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// The attempt number this entry belongs to (0 for operator actions before any attempt).
+    pub attempt: u32,
+    /// When it happened.
+    pub at: Timestamp,
+    /// When the attempt's lease started, for attempts delivered by a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased_at: Option<Timestamp>,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: HistoryEvent,
+}
+
+/// A message as stored and shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Sortable id.
+    pub id: MessageId,
+    /// Its queue.
+    pub queue: String,
+    /// Current state.
+    pub state: State,
+    /// Any JSON value.
+    pub payload: serde_json::Value,
+    /// String headers.
+    pub headers: BTreeMap<String, String>,
+    /// Ordering / partition key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Idempotency key given at publish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// 0–9, higher first.
+    pub priority: u8,
+    /// Deliveries so far (leases handed out, plus a failure reported at publish).
+    pub attempts: u32,
+    /// When it becomes (or became) deliverable; for scheduled and ready messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    /// Lease expiry, for leased messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<Timestamp>,
+    /// Publish time.
+    pub created_at: Timestamp,
+    /// Last change.
+    pub updated_at: Timestamp,
+    /// When it became done or dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    /// Why it is dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_reason: Option<DeadReason>,
+    /// The most recent failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<LastError>,
+    /// One entry per attempt outcome and operator action. Empty in listings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+}
+
+/// A message to publish, validated by the caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMessage {
+    /// Target queue (already validated).
+    pub queue: String,
+    /// Any JSON value.
+    pub payload: serde_json::Value,
+    /// String headers.
+    pub headers: BTreeMap<String, String>,
+    /// Ordering key.
+    pub key: Option<String>,
+    /// Idempotency key.
+    pub idempotency_key: Option<String>,
+    /// 0–9.
+    pub priority: u8,
+    /// Deliver no earlier than this.
+    pub deliver_at: Option<Timestamp>,
+    /// A failure seen elsewhere, recorded as attempt 1 and scheduled by the policy.
+    pub failed: Option<crate::Failure>,
+}
+
+impl NewMessage {
+    /// A plain message: no key, priority 0, due now.
+    pub fn new(queue: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            queue: queue.into(),
+            payload,
+            headers: BTreeMap::new(),
+            key: None,
+            idempotency_key: None,
+            priority: 0,
+            deliver_at: None,
+            failed: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_codes_round_trip() {
+        for s in State::ALL {
+            assert_eq!(State::from_code(s.code()), Some(s));
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(State::from_code(9), None);
+    }
+
+    #[test]
+    fn history_serializes_flat() {
+        let e = HistoryEntry {
+            attempt: 2,
+            at: Timestamp::from_millis(0),
+            leased_at: None,
+            event: HistoryEvent::Killed { reason: Some("bad".into()) },
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["event"], "killed");
+        assert_eq!(v["reason"], "bad");
+        let back: HistoryEntry = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+    }
+}
