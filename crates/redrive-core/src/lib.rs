@@ -41,9 +41,10 @@ pub use message::{
     DeadReason, HistoryEntry, HistoryEvent, LastError, Message, NewMessage, State,
 };
 pub use queue_name::{validate_queue_name, QueueNameError, MAX_QUEUE_NAME_BYTES};
-pub use queue_settings::{OnDead, Ordering, QueueSettings};
+pub use queue_settings::{OnDead, Ordering, QueueCatalog, QueueSettings};
 pub use retry_policy::{
     Backoff, Decision, ExplainRow, FailureContext, Jitter, PolicyError, RetryPolicy,
+    RetryPolicyConfig,
 };
 pub use rng::SplitMix64;
 pub use timestamp::{Timestamp, TimestampError};

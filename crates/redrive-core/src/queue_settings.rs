@@ -2,6 +2,8 @@
 
 use crate::RetryPolicy;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Delivery order within a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -40,5 +42,32 @@ pub struct QueueSettings {
 impl Default for QueueSettings {
     fn default() -> Self {
         Self { retry: RetryPolicy::default(), ordering: Ordering::None, on_dead: OnDead::Skip }
+    }
+}
+
+/// The settings of every queue: the configured ones by name, and the default for the rest.
+#[derive(Debug, Clone, Default)]
+pub struct QueueCatalog {
+    default: Arc<QueueSettings>,
+    queues: HashMap<String, Arc<QueueSettings>>,
+}
+
+impl QueueCatalog {
+    /// A catalog where every queue uses `default` except those in `queues`.
+    pub fn new(default: QueueSettings, queues: HashMap<String, QueueSettings>) -> Self {
+        Self {
+            default: Arc::new(default),
+            queues: queues.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
+        }
+    }
+
+    /// The settings of `queue`.
+    pub fn get(&self, queue: &str) -> &QueueSettings {
+        self.queues.get(queue).unwrap_or(&self.default)
+    }
+
+    /// The names of the queues configured explicitly.
+    pub fn configured(&self) -> impl Iterator<Item = &str> {
+        self.queues.keys().map(String::as_str)
     }
 }

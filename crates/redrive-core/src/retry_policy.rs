@@ -349,7 +349,11 @@ impl RetryPolicy {
             }
             Backoff::Sidekiq => {
                 let c = (n - 1) as u64;
-                let secs = c.saturating_pow(4) + 15 + rng.between(0, 9) * (c + 1);
+                // Saturating: c⁴ alone saturates from c = 65536 on.
+                let secs = c
+                    .saturating_pow(4)
+                    .saturating_add(15)
+                    .saturating_add(rng.between(0, 9) * (c + 1));
                 secs.saturating_mul(SECOND)
             }
         }
@@ -409,7 +413,7 @@ impl RetryPolicy {
                 }
                 Backoff::Sidekiq => {
                     let c = (n - 1) as u64;
-                    let lo = (c.saturating_pow(4) + 15).saturating_mul(SECOND);
+                    let lo = c.saturating_pow(4).saturating_add(15).saturating_mul(SECOND);
                     (lo, lo.saturating_add(9 * (c + 1) * SECOND))
                 }
                 _ => {

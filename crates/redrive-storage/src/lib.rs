@@ -1,1 +1,38 @@
-//! storage
+//! The storage contract of redrive and its embedded backend.
+//!
+//! [`Store`] is the one contract every backend implements: it owns the message
+//! state machine's *transitions* (publish, lease, ack, nack, extend, redrive,
+//! kill, delete, the scheduler's [`Store::tick`], purge) and the reads
+//! operators need (get, search, queue stats). A transition is atomic, and once
+//! its future resolves `Ok` it is durable under the store's [`Durability`].
+//! Retry decisions are made inside the transition by
+//! [`redrive_core::RetryPolicy::decide`], with the queue's settings from the
+//! [`redrive_core::QueueCatalog`] the store was opened with, so two racing
+//! nacks can never both schedule a retry.
+//!
+//! [`SqliteStore`] is the embedded default: SQLite in WAL mode behind one
+//! writer thread that commits many transitions per fsync (group commit), plus
+//! a small pool of read connections that never block the writer.
+//!
+//! The [`conformance`] module (feature `conformance`) is the suite every
+//! backend must pass; `tests/conformance_sqlite.rs` runs it on [`SqliteStore`].
+//!
+//! Non-goals: HTTP, long polling and timers (the server's engine decides *when*
+//! to call [`Store::tick`]; the store only says when it should next be called).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod error;
+mod filter;
+mod sqlite;
+mod store;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use error::StoreError;
+pub use filter::{MessageFilter, Page};
+pub use sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use store::{
+    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
+    QueueStats, Store, TickOutcome, CommitStats,
+};

@@ -1,0 +1,578 @@
+//! Property tests of the retry policy's invariants (SPEC §3).
+//!
+//! Arbitrary valid policies (every backoff and jitter), failure contexts,
+//! failures and seeds are thrown at [`RetryPolicy::decide`],
+//! [`RetryPolicy::explain`] and [`RetryPolicyConfig::resolve`]:
+//!
+//! 1. a retry delay never exceeds `max_delay`, except a `rate_limited`
+//!    failure's `retry_after`, which is bounded by `max_retry_after` instead;
+//! 2. a retry is due exactly `delay` from now and never past `created_at + max_age`;
+//! 3. the same inputs and seed give the same decision, and the same schedule;
+//! 4. every drawn delay lies in the range `explain()` prints for its attempt;
+//! 5. `permanent` is dead at once, counted failures stop at `max_attempts`,
+//!    uncounted rate limits never do;
+//! 6. a config resolves to its preset (or the defaults) under its explicit keys,
+//!    and a bad key is named.
+
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+use redrive_core::{
+    Backoff, DeadReason, Decision, DurationMs, ErrorClass, Failure, FailureContext, Jitter,
+    PolicyError, RetryPolicy, RetryPolicyConfig, SplitMix64, Timestamp,
+};
+
+const SECOND: u64 = 1_000;
+const MINUTE: u64 = 60 * SECOND;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+const PRESETS: [&str; 3] = ["rocketmq", "sidekiq", "svix"];
+
+// ---------------------------------------------------------------- strategies
+
+fn backoff() -> impl Strategy<Value = Backoff> {
+    prop_oneof![
+        Just(Backoff::Fixed),
+        Just(Backoff::Linear),
+        Just(Backoff::Exponential),
+        Just(Backoff::Decorrelated),
+        Just(Backoff::Schedule),
+        Just(Backoff::Sidekiq),
+    ]
+}
+
+fn jitter() -> impl Strategy<Value = Jitter> {
+    prop_oneof![
+        Just(Jitter::None),
+        Just(Jitter::Full),
+        Just(Jitter::Equal),
+        Just(Jitter::Decorrelated),
+    ]
+}
+
+fn error_class() -> impl Strategy<Value = ErrorClass> {
+    prop_oneof![
+        Just(ErrorClass::Transient),
+        Just(ErrorClass::RateLimited),
+        Just(ErrorClass::Permanent),
+    ]
+}
+
+/// A duration in ms, biased towards the interesting small values and edges.
+fn duration_ms(max: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        1u64..=SECOND,
+        0u64..=max,
+        Just(max),
+    ]
+}
+
+/// Like [`duration_ms`] but never zero.
+fn positive_ms(max: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![1u64..=SECOND, 1u64..=max, Just(max)]
+}
+
+prop_compose! {
+    /// Any policy that passes validation, with 1..=30 attempts.
+    fn policy()(
+        max_attempts in 1u32..=30,
+        backoff in backoff(),
+        initial_delay_ms in duration_ms(HOUR),
+        multiplier in 1.0f64..10.0,
+        max_delay_ms in positive_ms(2 * DAY),
+        jitter in jitter(),
+        max_age_ms in positive_ms(60 * DAY),
+        schedule_ms in vec(duration_ms(DAY), 1..=20),
+        max_retry_after_ms in duration_ms(2 * DAY),
+        rate_limited_counts in any::<bool>(),
+    ) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts,
+            backoff,
+            initial_delay_ms,
+            multiplier,
+            max_delay_ms,
+            jitter,
+            max_age_ms,
+            schedule_ms,
+            max_retry_after_ms,
+            rate_limited_counts,
+        }
+    }
+}
+
+prop_compose! {
+    /// A failed attempt's context: `created_at <= now`, attempts mostly around
+    /// the policies' `max_attempts`, sometimes far beyond.
+    fn context()(
+        counted_attempts in prop_oneof![4 => 1u32..=40, 1 => any::<u32>()],
+        created_at in 0i64..=4_000_000_000_000,
+        age in duration_ms(90 * DAY),
+        prev_delay_ms in option::of(duration_ms(2 * DAY)),
+    ) -> FailureContext {
+        let created_at = Timestamp::from_millis(created_at);
+        FailureContext { counted_attempts, created_at, now: created_at.plus_ms(age), prev_delay_ms }
+    }
+}
+
+prop_compose! {
+    /// Any failure, `retry_after` included (hostile values too).
+    fn failure()(
+        class in error_class(),
+        retry_after_ms in option::of(prop_oneof![duration_ms(2 * DAY), any::<u64>()]),
+    ) -> Failure {
+        Failure { retry_after_ms, ..Failure::new(class, "boom") }
+    }
+}
+
+fn transient() -> Failure {
+    Failure::new(ErrorClass::Transient, "HTTP 503")
+}
+
+fn counts(policy: &RetryPolicy, failure: &Failure) -> bool {
+    failure.class != ErrorClass::RateLimited || policy.rate_limited_counts
+}
+
+/// Transient failures one after another from the first attempt, each retry's
+/// delay fed back as `prev_delay_ms`, until the policy says dead. One RNG
+/// seeded once serves the whole schedule.
+fn simulate(policy: &RetryPolicy, created_at: Timestamp, seed: u64) -> Vec<Decision> {
+    let mut rng = SplitMix64::new(seed);
+    let mut now = created_at;
+    let mut prev_delay_ms = None;
+    let mut out = Vec::new();
+    for n in 1..=policy.max_attempts {
+        let ctx = FailureContext { counted_attempts: n, created_at, now, prev_delay_ms };
+        let d = policy.decide(&ctx, &transient(), &mut rng);
+        out.push(d);
+        match d {
+            Decision::Retry { delay_ms, due_at, .. } => {
+                prev_delay_ms = Some(delay_ms);
+                now = due_at;
+            }
+            Decision::Dead { .. } => break,
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- decide
+
+proptest! {
+    /// Properties 1 and 2: bounded delays, exact `due_at`, nothing past `max_age`.
+    #[test]
+    fn retry_delay_is_bounded_and_due_within_max_age(
+        policy in policy(),
+        ctx in context(),
+        failure in failure(),
+        seed in any::<u64>(),
+    ) {
+        prop_assert!(policy.validate().is_ok());
+        let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        if let Decision::Retry { delay_ms, due_at, counted } = decision {
+            match (failure.class, failure.retry_after_ms) {
+                (ErrorClass::RateLimited, Some(after)) => {
+                    prop_assert_eq!(delay_ms, after.min(policy.max_retry_after_ms));
+                    prop_assert!(delay_ms <= policy.max_retry_after_ms);
+                }
+                _ => prop_assert!(
+                    delay_ms <= policy.max_delay_ms,
+                    "delay {} > max_delay {}", delay_ms, policy.max_delay_ms
+                ),
+            }
+            prop_assert_eq!(due_at, ctx.now.plus_ms(delay_ms));
+            prop_assert!(due_at <= ctx.created_at.plus_ms(policy.max_age_ms));
+            prop_assert_eq!(counted, counts(&policy, &failure));
+        }
+    }
+
+    /// `max_age` kills only when it must: if even the longest possible delay
+    /// would be due in the window, the answer is not `max_age`.
+    #[test]
+    fn max_age_only_when_the_window_is_too_short(
+        policy in policy(),
+        ctx in context(),
+        failure in failure(),
+        seed in any::<u64>(),
+    ) {
+        let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        let longest = match (failure.class, failure.retry_after_ms) {
+            (ErrorClass::RateLimited, Some(after)) => after.min(policy.max_retry_after_ms),
+            _ => policy.max_delay_ms,
+        };
+        if ctx.now.plus_ms(longest) <= ctx.created_at.plus_ms(policy.max_age_ms) {
+            prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::MaxAge });
+        }
+    }
+
+    /// Property 3: same (policy, ctx, failure, seed), same decision.
+    #[test]
+    fn same_seed_same_decision(
+        policy in policy(),
+        ctx in context(),
+        failure in failure(),
+        seed in any::<u64>(),
+    ) {
+        let a = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        let b = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        prop_assert_eq!(a, b);
+    }
+
+    /// Property 3: the whole schedule (attempts 1..max_attempts, each delay fed
+    /// back) is reproducible from its seed, and ends dead.
+    #[test]
+    fn same_seed_same_schedule(
+        policy in policy(),
+        created_at in 0i64..=4_000_000_000_000,
+        seed in any::<u64>(),
+    ) {
+        let created_at = Timestamp::from_millis(created_at);
+        let a = simulate(&policy, created_at, seed);
+        let b = simulate(&policy, created_at, seed);
+        prop_assert_eq!(&a, &b);
+        prop_assert!(!a.is_empty() && a.len() <= policy.max_attempts as usize);
+        prop_assert!(matches!(a.last(), Some(Decision::Dead { .. })), "{:?}", a.last());
+        for d in &a[..a.len() - 1] {
+            prop_assert!(matches!(d, Decision::Retry { counted: true, .. }), "{:?}", d);
+        }
+    }
+
+    /// Property 5: `permanent` is dead at once, whatever else holds.
+    #[test]
+    fn permanent_is_always_dead(
+        policy in policy(),
+        ctx in context(),
+        retry_after_ms in option::of(any::<u64>()),
+        seed in any::<u64>(),
+    ) {
+        let failure = Failure { retry_after_ms, ..Failure::new(ErrorClass::Permanent, "400") };
+        prop_assert_eq!(
+            policy.decide(&ctx, &failure, &mut SplitMix64::new(seed)),
+            Decision::Dead { reason: DeadReason::PermanentError }
+        );
+    }
+
+    /// Property 5: a counted failure at or past `max_attempts` is dead of
+    /// `max_attempts`; before it, never; an uncounted rate limit, never.
+    #[test]
+    fn max_attempts_counts_only_counted_failures(
+        policy in policy(),
+        ctx in context(),
+        failure in failure(),
+        seed in any::<u64>(),
+    ) {
+        prop_assume!(failure.class != ErrorClass::Permanent);
+        let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        let max_attempts = Decision::Dead { reason: DeadReason::MaxAttempts };
+        if counts(&policy, &failure) && ctx.counted_attempts >= policy.max_attempts {
+            prop_assert_eq!(decision, max_attempts);
+        } else {
+            prop_assert_ne!(decision, max_attempts);
+            prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::PermanentError });
+        }
+    }
+
+    /// A rate limit the policy does not count never yields `max_attempts`,
+    /// however many attempts went before.
+    #[test]
+    fn uncounted_rate_limits_never_exhaust_attempts(
+        policy in policy(),
+        ctx in context(),
+        retry_after_ms in option::of(duration_ms(2 * DAY)),
+        seed in any::<u64>(),
+    ) {
+        let policy = RetryPolicy { rate_limited_counts: false, ..policy };
+        let failure = Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") };
+        let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::MaxAttempts });
+        if let Decision::Retry { counted, .. } = decision {
+            prop_assert!(!counted);
+        }
+    }
+
+    /// Attempt numbers far past anything sensible (a policy allowing billions
+    /// of attempts, or uncounted rate limits piling up) neither overflow nor
+    /// break the cap.
+    #[test]
+    fn huge_attempt_numbers_stay_capped(
+        policy in policy(),
+        max_attempts in any::<u32>().prop_map(|n| n.max(1)),
+        counted_attempts in any::<u32>(),
+        prev_delay_ms in option::of(any::<u64>()),
+        class in prop_oneof![Just(ErrorClass::Transient), Just(ErrorClass::RateLimited)],
+        seed in any::<u64>(),
+    ) {
+        let policy = RetryPolicy { max_attempts, max_age_ms: u64::MAX, ..policy };
+        let now = Timestamp::from_millis(1_700_000_000_000);
+        let ctx = FailureContext { counted_attempts, created_at: now, now, prev_delay_ms };
+        let failure = Failure::new(class, "boom");
+        match policy.decide(&ctx, &failure, &mut SplitMix64::new(seed)) {
+            Decision::Retry { delay_ms, .. } => prop_assert!(delay_ms <= policy.max_delay_ms),
+            Decision::Dead { reason } => prop_assert_eq!(reason, DeadReason::MaxAttempts),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- explain
+
+proptest! {
+    /// Property 4: each delay `decide` draws (transient failures, previous
+    /// delay fed back, `max_age` out of the way) lies within the range of its
+    /// `explain()` row; and the rows themselves are consistent.
+    #[test]
+    fn drawn_delays_lie_within_explained_ranges(policy in policy(), seed in any::<u64>()) {
+        let policy = RetryPolicy { max_age_ms: 100 * 365 * DAY, ..policy };
+        let rows = policy.explain();
+        prop_assert_eq!(rows.len(), policy.max_attempts as usize - 1);
+
+        let created_at = Timestamp::from_millis(1_700_000_000_000);
+        let mut now = created_at;
+        let mut rng = SplitMix64::new(seed);
+        let mut prev_delay_ms = None;
+        let (mut cum_min, mut cum_max) = (0u64, 0u64);
+        for (i, row) in rows.iter().enumerate() {
+            let n = i as u32 + 1;
+            prop_assert_eq!(row.attempt, n + 1);
+            prop_assert!(row.delay_min_ms <= row.delay_max_ms, "{:?}", row);
+            prop_assert!(row.delay_max_ms <= policy.max_delay_ms, "{:?}", row);
+            cum_min = cum_min.saturating_add(row.delay_min_ms);
+            cum_max = cum_max.saturating_add(row.delay_max_ms);
+            prop_assert_eq!((row.cumulative_min_ms, row.cumulative_max_ms), (cum_min, cum_max));
+            prop_assert!(!row.may_exceed_max_age);
+
+            let ctx = FailureContext { counted_attempts: n, created_at, now, prev_delay_ms };
+            match policy.decide(&ctx, &transient(), &mut rng) {
+                Decision::Retry { delay_ms, due_at, .. } => {
+                    prop_assert!(
+                        (row.delay_min_ms..=row.delay_max_ms).contains(&delay_ms),
+                        "attempt {}: drew {} outside {}..={} (prev {:?})",
+                        row.attempt, delay_ms, row.delay_min_ms, row.delay_max_ms, prev_delay_ms
+                    );
+                    if policy.jitter == Jitter::None
+                        && !matches!(policy.backoff, Backoff::Decorrelated | Backoff::Sidekiq)
+                    {
+                        prop_assert_eq!(row.delay_min_ms, row.delay_max_ms);
+                    }
+                    prev_delay_ms = Some(delay_ms);
+                    now = due_at;
+                }
+                d => prop_assert!(false, "attempt {}: {:?}", row.attempt, d),
+            }
+        }
+        let ctx = FailureContext {
+            counted_attempts: policy.max_attempts, created_at, now, prev_delay_ms,
+        };
+        prop_assert_eq!(
+            policy.decide(&ctx, &transient(), &mut rng),
+            Decision::Dead { reason: DeadReason::MaxAttempts }
+        );
+    }
+
+    /// `explain()` is a function of the policy alone.
+    #[test]
+    fn explain_is_deterministic(policy in policy()) {
+        prop_assert_eq!(policy.explain(), policy.explain());
+    }
+}
+
+// ---------------------------------------------------------------- config
+
+fn opt_ms(min: u64, max: u64) -> impl Strategy<Value = Option<DurationMs>> {
+    option::of((min..=max).prop_map(DurationMs))
+}
+
+prop_compose! {
+    /// A config whose every set key is in range (a preset, or none, underneath).
+    fn config()(
+        preset in option::of(prop::sample::select(&PRESETS[..])),
+        max_attempts in option::of(1u32..=50),
+        backoff in option::of(backoff()),
+        initial_delay in opt_ms(0, HOUR),
+        multiplier in option::of(1.0f64..10.0),
+        max_delay in opt_ms(1, DAY),
+        jitter in option::of(jitter()),
+        max_age in opt_ms(1, 30 * DAY),
+        schedule in option::of(vec((0..=DAY).prop_map(DurationMs), 1..=20)),
+        max_retry_after in opt_ms(0, DAY),
+        rate_limited_counts in option::of(any::<bool>()),
+    ) -> RetryPolicyConfig {
+        RetryPolicyConfig {
+            max_attempts,
+            backoff,
+            initial_delay,
+            multiplier,
+            max_delay,
+            jitter,
+            max_age,
+            schedule,
+            preset: preset.map(str::to_owned),
+            max_retry_after,
+            rate_limited_counts,
+        }
+    }
+}
+
+proptest! {
+    /// Property 6: every explicit key wins over the preset (or built-in)
+    /// default, every absent key keeps it, and the result validates.
+    #[test]
+    fn explicit_keys_override_preset_defaults(cfg in config()) {
+        let base = match &cfg.preset {
+            Some(name) => RetryPolicy::preset(name).expect("known preset"),
+            None => RetryPolicy::default(),
+        };
+        let schedule_ms = match &cfg.schedule {
+            Some(s) => s.iter().map(|d| d.ms()).collect(),
+            None => base.schedule_ms.clone(),
+        };
+        // A schedule alone means `backoff = "schedule"` unless a preset says otherwise.
+        let backoff = match (cfg.backoff, &cfg.schedule, &cfg.preset) {
+            (Some(b), _, _) => b,
+            (None, Some(_), None) => Backoff::Schedule,
+            (None, _, _) => base.backoff,
+        };
+        let expected = RetryPolicy {
+            max_attempts: cfg.max_attempts.unwrap_or(base.max_attempts),
+            backoff,
+            initial_delay_ms: cfg.initial_delay.map_or(base.initial_delay_ms, |d| d.ms()),
+            multiplier: cfg.multiplier.unwrap_or(base.multiplier),
+            max_delay_ms: cfg.max_delay.map_or(base.max_delay_ms, |d| d.ms()),
+            jitter: cfg.jitter.unwrap_or(base.jitter),
+            max_age_ms: cfg.max_age.map_or(base.max_age_ms, |d| d.ms()),
+            schedule_ms,
+            max_retry_after_ms: cfg.max_retry_after.map_or(base.max_retry_after_ms, |d| d.ms()),
+            rate_limited_counts: cfg.rate_limited_counts.unwrap_or(base.rate_limited_counts),
+        };
+        match cfg.resolve() {
+            Ok(p) => {
+                prop_assert_eq!(&p, &expected);
+                prop_assert!(p.validate().is_ok());
+            }
+            // The one way an in-range config fails: `schedule` backoff, no list.
+            Err(e) => {
+                prop_assert_eq!(expected.backoff, Backoff::Schedule);
+                prop_assert!(expected.schedule_ms.is_empty());
+                prop_assert!(
+                    matches!(&e, PolicyError::Invalid { key: "schedule", .. }),
+                    "{:?}", e
+                );
+            }
+        }
+    }
+
+    /// `over` layers key by key: the upper section's keys where set.
+    #[test]
+    fn over_takes_upper_keys_first(upper in config(), base in config()) {
+        let m = upper.over(&base);
+        prop_assert_eq!(m.max_attempts, upper.max_attempts.or(base.max_attempts));
+        prop_assert_eq!(m.backoff, upper.backoff.or(base.backoff));
+        prop_assert_eq!(m.initial_delay, upper.initial_delay.or(base.initial_delay));
+        prop_assert_eq!(m.multiplier, upper.multiplier.or(base.multiplier));
+        prop_assert_eq!(m.max_delay, upper.max_delay.or(base.max_delay));
+        prop_assert_eq!(m.jitter, upper.jitter.or(base.jitter));
+        prop_assert_eq!(m.max_age, upper.max_age.or(base.max_age));
+        prop_assert_eq!(m.schedule.as_ref(), upper.schedule.as_ref().or(base.schedule.as_ref()));
+        prop_assert_eq!(m.preset.as_ref(), upper.preset.as_ref().or(base.preset.as_ref()));
+        prop_assert_eq!(m.max_retry_after, upper.max_retry_after.or(base.max_retry_after));
+        prop_assert_eq!(
+            m.rate_limited_counts,
+            upper.rate_limited_counts.or(base.rate_limited_counts)
+        );
+        // Layering over nothing, or nothing over, changes nothing.
+        prop_assert_eq!(&upper.over(&RetryPolicyConfig::default()), &upper);
+        prop_assert_eq!(&RetryPolicyConfig::default().over(&upper), &upper);
+    }
+
+    /// A single out-of-range key on top of any preset is rejected, naming the key.
+    #[test]
+    fn bad_keys_are_named(
+        preset in option::of(prop::sample::select(&PRESETS[..])),
+        which in 0usize..5,
+        bad_multiplier in prop_oneof![
+            -1.0e9f64..1.0,
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+        ],
+    ) {
+        let ok = RetryPolicyConfig { preset: preset.map(str::to_owned), ..Default::default() };
+        prop_assert!(ok.resolve().is_ok());
+        let (cfg, key) = match which {
+            0 => (RetryPolicyConfig { max_attempts: Some(0), ..ok }, "max_attempts"),
+            1 => (RetryPolicyConfig { multiplier: Some(bad_multiplier), ..ok }, "multiplier"),
+            2 => (
+                RetryPolicyConfig {
+                    max_delay: Some(DurationMs(0)),
+                    backoff: Some(Backoff::Exponential),
+                    initial_delay: Some(DurationMs(SECOND)),
+                    ..ok
+                },
+                "max_delay",
+            ),
+            3 => (
+                RetryPolicyConfig {
+                    backoff: Some(Backoff::Schedule),
+                    schedule: Some(vec![]),
+                    ..ok
+                },
+                "schedule",
+            ),
+            _ => (RetryPolicyConfig { max_age: Some(DurationMs(0)), ..ok }, "max_age"),
+        };
+        match cfg.resolve() {
+            Err(PolicyError::Invalid { key: k, .. }) => prop_assert_eq!(k, key),
+            other => prop_assert!(false, "{}: {:?}", key, other),
+        }
+    }
+
+    /// An unknown preset name is rejected as such.
+    #[test]
+    fn unknown_presets_are_rejected(name in "[a-z]{0,12}") {
+        prop_assume!(!PRESETS.contains(&name.as_str()));
+        let cfg = RetryPolicyConfig { preset: Some(name.clone()), ..Default::default() };
+        prop_assert_eq!(cfg.resolve(), Err(PolicyError::UnknownPreset(name)));
+    }
+}
+
+#[test]
+fn each_preset_resolves_and_validates() {
+    for name in PRESETS {
+        let p = RetryPolicy::preset(name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(p.validate(), Ok(()), "{name}");
+        let cfg = RetryPolicyConfig { preset: Some(name.to_owned()), ..Default::default() };
+        assert_eq!(cfg.resolve().as_ref(), Ok(&p), "{name}");
+        assert_eq!(p.explain().len(), p.max_attempts as usize - 1, "{name}");
+        // The preset's own schedule, run to the end, ends at max_attempts.
+        let schedule = simulate(&p, Timestamp::from_millis(1_700_000_000_000), 7);
+        assert_eq!(schedule.len(), p.max_attempts as usize, "{name}");
+        assert_eq!(
+            schedule.last(),
+            Some(&Decision::Dead { reason: DeadReason::MaxAttempts }),
+            "{name}"
+        );
+    }
+    assert_eq!(RetryPolicyConfig::default().resolve(), Ok(RetryPolicy::default()));
+    assert_eq!(RetryPolicy::default().validate(), Ok(()));
+}
+
+/// A regression: Sidekiq's `n⁴` saturates at large attempt numbers, and the
+/// `+ 15` after it must not overflow (a panic in debug builds, a wrapped tiny
+/// delay in release).
+#[test]
+fn sidekiq_survives_huge_attempt_numbers() {
+    let p = RetryPolicy {
+        max_attempts: u32::MAX,
+        max_age_ms: u64::MAX,
+        ..RetryPolicy::preset("sidekiq").unwrap_or_default()
+    };
+    let now = Timestamp::from_millis(1_700_000_000_000);
+    for n in [65_535, 65_536, 100_000, u32::MAX - 1] {
+        let ctx = FailureContext { counted_attempts: n, created_at: now, now, prev_delay_ms: None };
+        match p.decide(&ctx, &transient(), &mut SplitMix64::new(1)) {
+            Decision::Retry { delay_ms, .. } => assert_eq!(delay_ms, p.max_delay_ms, "{n}"),
+            d => panic!("{n}: {d:?}"),
+        }
+    }
+}

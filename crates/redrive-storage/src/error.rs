@@ -1,0 +1,60 @@
+//! What can go wrong in a store, and what the caller should do about it.
+
+use redrive_core::State;
+
+/// A failed store operation. Each variant says what the caller should do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// No message has that id. Tell the client 404.
+    #[error("no message with id {0}")]
+    NotFound(String),
+    /// The lease token is not the message's current token (another consumer, or garbage).
+    /// The caller's work may be duplicated; it must not assume it owns the message.
+    #[error("lease token does not match the message's current lease")]
+    LeaseMismatch,
+    /// The token was the message's lease, but that lease has expired (and was or will be
+    /// counted as a failed attempt). Tell the client 409.
+    #[error("the lease has expired")]
+    LeaseExpired,
+    /// The operation is not allowed in the message's current state. Tell the client 409.
+    #[error("message is {state}, {action} needs {allowed}", state = .state.as_str())]
+    InvalidState {
+        /// The message's state.
+        state: State,
+        /// What was attempted.
+        action: &'static str,
+        /// The states that allow it.
+        allowed: &'static str,
+    },
+    /// A batch item reuses an idempotency key with a different payload. Nothing of the batch
+    /// was written. Tell the client 409.
+    #[error("item {index}: idempotency key {key:?} was already used with a different payload")]
+    IdempotencyConflict {
+        /// Index of the offending item in the batch.
+        index: usize,
+        /// The key.
+        key: String,
+    },
+    /// A previous write failed to reach the disk; the store refuses all writes until it is
+    /// reopened (restart the process, check the disk). Tell the client 503.
+    #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]
+    Poisoned(String),
+    /// The store is shutting down or its writer has stopped. Tell the client 503.
+    #[error("store is closed")]
+    Closed,
+    /// An unexpected backend error. Logged; tell the client 500 without the details.
+    #[error("storage backend error: {0}")]
+    Backend(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError::Backend(format!("json: {e}"))
+    }
+}

@@ -1,0 +1,186 @@
+//! The single writer thread and its group commit.
+//!
+//! Every transition is a job sent to one thread that owns the only write
+//! connection. The thread takes the first waiting job, then every job already
+//! queued behind it (up to [`MAX_COMMIT_BATCH`]), runs them all in one SQLite
+//! transaction — each inside its own savepoint, so a job that fails leaves no
+//! trace while the others still commit — and commits once. Only after that
+//! commit returns (and, under [`super::Durability::Fsync`], the WAL is fsync'd)
+//! does any job's caller get its answer: many concurrent requests share one
+//! fsync, and none is acknowledged before it is on disk.
+//!
+//! A failed `COMMIT` poisons the store: every queued and later job is refused
+//! with [`StoreError::Poisoned`]. Retrying an fsync that failed is not safe
+//! (the kernel may have dropped the dirty pages), so the store never pretends.
+
+use super::transitions::WriterState;
+use crate::{CommitStats, StoreError};
+use redrive_core::Timestamp;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// At most this many jobs share one transaction: large enough that a burst of
+/// concurrent requests shares one fsync, small enough that one commit stays
+/// in the low milliseconds.
+pub const MAX_COMMIT_BATCH: usize = 512;
+
+/// Answer a job's caller once the commit's fate is known.
+pub type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// A transition to run in the writer: returns whether it succeeded (else its
+/// savepoint is rolled back) and how to answer its caller.
+pub type Job = Box<dyn FnOnce(&mut WriterState) -> (bool, Reply) + Send>;
+
+/// What the writer's channel carries.
+pub enum Command {
+    /// Run a transition.
+    Job(Job),
+    /// Finish the queued jobs, then stop and answer.
+    Close(oneshot::Sender<()>),
+}
+
+/// State shared between the writer thread and the store handle.
+pub struct Shared {
+    /// `Some(reason)` once poisoned.
+    pub poisoned: Mutex<Option<String>>,
+    /// Commit counters.
+    pub stats: Mutex<CommitStats>,
+    /// Called after every commit with (jobs in the batch, seconds in COMMIT).
+    pub observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+}
+
+/// Run the writer until the channel closes or a `Close` arrives.
+pub fn run(
+    mut state: WriterState,
+    mut rx: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+    wake_tx: watch::Sender<Option<Timestamp>>,
+) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_COMMIT_BATCH);
+    let mut close: Option<oneshot::Sender<()>> = None;
+    while close.is_none() {
+        match rx.blocking_recv() {
+            Some(Command::Job(j)) => batch.push(j),
+            Some(Command::Close(c)) => close = Some(c),
+            None => break,
+        }
+        while batch.len() < MAX_COMMIT_BATCH && close.is_none() {
+            match rx.try_recv() {
+                Ok(Command::Job(j)) => batch.push(j),
+                Ok(Command::Close(c)) => close = Some(c),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            commit_batch(&mut state, &mut batch, &shared, &wake_tx);
+        }
+    }
+    // Refuse whatever is still queued: the store is closed.
+    rx.close();
+    while let Ok(cmd) = rx.try_recv() {
+        match cmd {
+            Command::Job(j) => refuse(&mut state, j, StoreError::Closed),
+            Command::Close(c) => {
+                let _ = c.send(());
+            }
+        }
+    }
+    if let Some(c) = close {
+        let _ = state.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        let _ = c.send(());
+    }
+}
+
+/// Answer a job without running it for real: run it in a transaction that is
+/// rolled back, and report `err` as the commit's fate.
+fn refuse(state: &mut WriterState, job: Job, err: StoreError) {
+    let _ = state.conn.execute_batch("BEGIN");
+    let (_, reply) = job(state);
+    let _ = state.conn.execute_batch("ROLLBACK");
+    state.discard_command();
+    reply(Err(err));
+}
+
+fn commit_batch(
+    state: &mut WriterState,
+    batch: &mut Vec<Job>,
+    shared: &Shared,
+    wake_tx: &watch::Sender<Option<Timestamp>>,
+) {
+    let poisoned = shared.poisoned.lock().map(|p| p.clone()).unwrap_or(None);
+    if let Some(reason) = poisoned {
+        for job in batch.drain(..) {
+            refuse(state, job, StoreError::Poisoned(reason.clone()));
+        }
+        return;
+    }
+    let n = batch.len();
+    let mut replies: Vec<Reply> = Vec::with_capacity(n);
+    if let Err(e) = state.conn.execute_batch("BEGIN IMMEDIATE") {
+        let reason = format!("BEGIN failed: {e}");
+        poison(shared, &reason);
+        for job in batch.drain(..) {
+            refuse(state, job, StoreError::Poisoned(reason.clone()));
+        }
+        return;
+    }
+    state.begin_batch(*wake_tx.borrow());
+    for job in batch.drain(..) {
+        let sp = state.conn.execute_batch("SAVEPOINT job");
+        let (ok, reply) = job(state);
+        if ok && sp.is_ok() {
+            let _ = state.conn.execute_batch("RELEASE job");
+            state.keep_command();
+        } else {
+            let _ = state.conn.execute_batch("ROLLBACK TO job; RELEASE job");
+            state.discard_command();
+        }
+        replies.push(reply);
+    }
+    let started = Instant::now();
+    let committed = state.conn.execute_batch("COMMIT");
+    let secs = started.elapsed().as_secs_f64();
+    match committed {
+        Ok(()) => {
+            let wake = state.finish_batch();
+            if let Ok(mut s) = shared.stats.lock() {
+                s.commits += 1;
+                s.changes += n as u64;
+                s.commit_seconds += secs;
+            }
+            if let Some(obs) = &shared.observer {
+                obs(n, secs);
+            }
+            wake_tx.send_if_modified(|w| {
+                if *w != wake {
+                    *w = wake;
+                    true
+                } else {
+                    false
+                }
+            });
+            for r in replies {
+                r(Ok(()));
+            }
+        }
+        Err(e) => {
+            let reason = format!("COMMIT failed: {e}");
+            tracing::error!(%reason, "store poisoned: refusing all writes");
+            poison(shared, &reason);
+            let _ = state.conn.execute_batch("ROLLBACK");
+            state.abort_batch();
+            for r in replies {
+                r(Err(StoreError::Poisoned(reason.clone())));
+            }
+        }
+    }
+}
+
+fn poison(shared: &Shared, reason: &str) {
+    if let Ok(mut p) = shared.poisoned.lock() {
+        if p.is_none() {
+            *p = Some(reason.to_owned());
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The embedded backend: SQLite (WAL) behind one group-committing writer thread.
+//!
+//! Layout: `DATA_DIR/redrive.db` (+ `-wal`, `-shm`). Recovery is SQLite's own
+//! WAL replay on open. Reads run on a small pool of read-only connections via
+//! `spawn_blocking`; WAL lets them proceed while the writer commits.
+//!
+//! Memory: SQLite's page cache is bounded ([`SqliteOptions::cache_mib`]);
+//! scheduled messages live on disk, and the scheduler only ever asks for the
+//! *earliest* due time (an index seek), so a million scheduled messages cost
+//! disk, not RAM.
+
+mod group_commit;
+mod reads;
+mod row;
+mod schema;
+mod transitions;
+
+use crate::store::CommitStats;
+use crate::{
+    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Page, Published,
+    PurgeOutcome, QueueStats, Store, StoreError, TickOutcome,
+};
+use group_commit::{Command, Job, Shared};
+use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
+use rusqlite::{Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot, watch};
+use transitions::{Counts, WriterState};
+
+
+/// When a write counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every commit fsyncs the WAL before any of its writers is answered
+    /// (`PRAGMA synchronous = FULL`). A 2xx survives a crash of the process, the OS
+    /// or the machine. The default.
+    #[default]
+    Fsync,
+    /// Commits reach the OS but are not fsync'd (`synchronous = NORMAL`): they survive
+    /// `kill -9` of redrive, but an OS crash or power loss can lose the last
+    /// commits. Named so because it breaks SPEC §4's durable acknowledgement.
+    UnsafeBuffered,
+}
+
+/// How to open a [`SqliteStore`].
+#[derive(Clone)]
+pub struct SqliteOptions {
+    /// Directory of the database (created if missing).
+    pub data_dir: PathBuf,
+    /// Commit durability.
+    pub durability: Durability,
+    /// Per-queue settings used by transitions.
+    pub catalog: Arc<QueueCatalog>,
+    /// How long an idempotency key is remembered, ms.
+    pub idempotency_window_ms: u64,
+    /// Seed of the writer's RNG (jitter, lease tokens); random when `None`.
+    pub seed: Option<u64>,
+    /// SQLite page cache per connection, MiB.
+    pub cache_mib: u32,
+    /// Called after each commit with (jobs in the batch, seconds in COMMIT).
+    pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for SqliteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteOptions")
+            .field("data_dir", &self.data_dir)
+            .field("durability", &self.durability)
+            .field("idempotency_window_ms", &self.idempotency_window_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteOptions {
+    /// Defaults for `data_dir`: fsync, default queue settings, 24 h idempotency window.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            durability: Durability::Fsync,
+            catalog: Arc::new(QueueCatalog::default()),
+            idempotency_window_ms: 24 * 3_600_000,
+            seed: None,
+            cache_mib: 32,
+            commit_observer: None,
+        }
+    }
+}
+
+/// Depth of the writer's job queue: bounded, so a flood of requests waits in
+/// their handlers (back-pressure) rather than in an unbounded buffer.
+const WRITER_QUEUE_DEPTH: usize = 8_192;
+
+/// The embedded store. Cheap to share behind an `Arc`.
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    wake_rx: watch::Receiver<Option<Timestamp>>,
+    counts: Arc<Mutex<Counts>>,
+    readers: Arc<reads::ReaderPool>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+fn open_connection(path: &Path, opts: &SqliteOptions, write: bool) -> Result<Connection, StoreError> {
+    let flags = if write {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    let sync = match opts.durability {
+        Durability::Fsync => "FULL",
+        Durability::UnsafeBuffered => "NORMAL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA cache_size = -{}; \
+         PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = 67108864;",
+        opts.cache_mib as u64 * 1024
+    ))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the store in `opts.data_dir`, recovering from any crash.
+    pub fn open(opts: SqliteOptions) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(&opts.data_dir)
+            .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", opts.data_dir.display())))?;
+        let path = opts.data_dir.join("redrive.db");
+        let conn = open_connection(&path, &opts, true)?;
+        schema::migrate(&conn)?;
+        let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
+        let next_wake = reads::next_wake(&conn)?;
+        let seed = opts.seed.unwrap_or_else(random_seed);
+        let state = WriterState::new(conn, seed, opts.catalog.clone(), opts.idempotency_window_ms, counts.clone());
+        let (tx, rx) = mpsc::channel(WRITER_QUEUE_DEPTH);
+        let (wake_tx, wake_rx) = watch::channel(next_wake);
+        let shared = Arc::new(Shared {
+            poisoned: Mutex::new(None),
+            stats: Mutex::new(CommitStats::default()),
+            observer: opts.commit_observer.clone(),
+        });
+        let writer_shared = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("redrive-writer".into())
+            .spawn(move || group_commit::run(state, rx, writer_shared, wake_tx))
+            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+        let readers = Arc::new(reads::ReaderPool::new(path, opts));
+        Ok(Self { jobs: tx, shared, wake_rx, counts, readers, writer: Mutex::new(Some(writer)) })
+    }
+
+    /// Run `f` in the writer's next transaction and wait for its commit.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut WriterState) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if let Some(reason) = self.poisoned() {
+            return Err(StoreError::Poisoned(reason));
+        }
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |w: &mut WriterState| {
+            let r = f(w);
+            let ok = r.is_ok();
+            let reply: group_commit::Reply = Box::new(move |commit: Result<(), StoreError>| {
+                let _ = tx.send(commit.and(r));
+            });
+            (ok, reply)
+        });
+        self.jobs.send(Command::Job(job)).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Run a read on a pooled read connection.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let pool = self.readers.clone();
+        tokio::task::spawn_blocking(move || pool.with(f))
+            .await
+            .map_err(|e| StoreError::Backend(format!("reader task failed: {e}")))?
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Timestamp::now().as_millis() as u128);
+    h.finish()
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn publish(&self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError> {
+        self.write(move |w| w.publish(items, now)).await
+    }
+
+    async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
+        self.write(move |w| w.lease(&req, now)).await
+    }
+
+    async fn ack(&self, items: Vec<LeaseRef>, now: Timestamp) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
+        self.write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect())).await
+    }
+
+    async fn nack(
+        &self,
+        items: Vec<Nack>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
+        self.write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect())).await
+    }
+
+    async fn extend(&self, lease: LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError> {
+        self.write(move |w| w.extend(&lease, by_ms, now)).await
+    }
+
+    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError> {
+        self.write(move |w| w.redrive(&id, now)).await
+    }
+
+    async fn kill(&self, id: MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+        self.write(move |w| w.kill(&id, reason, now)).await
+    }
+
+    async fn delete(&self, id: MessageId) -> Result<Message, StoreError> {
+        self.write(move |w| w.delete(&id)).await
+    }
+
+    async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError> {
+        self.write(move |w| w.tick(now)).await
+    }
+
+    async fn purge(&self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError> {
+        self.write(move |w| w.purge(now, done_retention_ms)).await
+    }
+
+    async fn get(&self, id: MessageId) -> Result<Option<Message>, StoreError> {
+        self.read(move |c| reads::get(c, &id)).await
+    }
+
+    async fn search(&self, filter: MessageFilter, limit: u32, cursor: Option<String>) -> Result<Page, StoreError> {
+        self.read(move |c| reads::search(c, &filter, limit, cursor.as_deref())).await
+    }
+
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let counts: Vec<(String, [i64; 5])> = self
+            .counts
+            .lock()
+            .map(|c| c.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default();
+        self.read(move |c| reads::queue_stats(c, counts)).await
+    }
+
+    fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>> {
+        self.wake_rx.clone()
+    }
+
+    fn poisoned(&self) -> Option<String> {
+        self.shared.poisoned.lock().map(|p| p.clone()).unwrap_or(None)
+    }
+
+    async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.jobs.send(Command::Close(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        let handle = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+
+    fn commit_stats(&self) -> CommitStats {
+        self.shared.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+}

@@ -1,0 +1,184 @@
+//! Reads: a pool of read-only connections, and the queries operators run.
+
+use super::row::Row;
+use super::schema::COLUMNS;
+use super::transitions::Counts;
+use super::SqliteOptions;
+use crate::{MessageFilter, Page, QueueStats, StoreError};
+use redrive_core::{Message, MessageId, State, Timestamp};
+use rusqlite::types::Value;
+use rusqlite::{params_from_iter, Connection, OptionalExtension};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// Read connections kept open for reuse; more are opened on demand.
+const MAX_IDLE_READERS: usize = 4;
+
+/// Read-only connections, opened lazily and reused.
+pub struct ReaderPool {
+    path: PathBuf,
+    opts: SqliteOptions,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReaderPool {
+    pub fn new(path: PathBuf, opts: SqliteOptions) -> Self {
+        Self { path, opts, idle: Mutex::new(Vec::new()) }
+    }
+
+    /// Run `f` on a read connection (blocking).
+    pub fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let conn = self.idle.lock().ok().and_then(|mut v| v.pop());
+        let conn = match conn {
+            Some(c) => c,
+            None => super::open_connection(&self.path, &self.opts, false)?,
+        };
+        let r = f(&conn);
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
+        }
+        r
+    }
+}
+
+/// Count messages per queue and state (at open; afterwards the writer keeps counts).
+pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
+    let mut counts = Counts::new();
+    let mut stmt = conn.prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u8>(1)?, r.get::<_, i64>(2)?)))?;
+    for row in rows {
+        let (q, s, n) = row?;
+        if let Some(st) = State::from_code(s) {
+            counts.entry(q).or_insert([0; 5])[st.code() as usize] = n;
+        }
+    }
+    Ok(counts)
+}
+
+/// The earliest scheduled due time or lease expiry.
+pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
+    let v: Option<i64> = conn.query_row(
+        "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
+         UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(v.map(Timestamp::from_millis))
+}
+
+pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreError> {
+    let sql = format!("SELECT {COLUMNS}, history FROM messages WHERE id = ?1");
+    let found: Option<(Row, String)> = conn
+        .prepare_cached(&sql)?
+        .query_row([id.to_string()], |r| Ok((Row::from_sql(r)?, r.get(22)?)))
+        .optional()?;
+    match found {
+        Some((row, history)) => Ok(Some(row.to_message(Some(&history))?)),
+        None => Ok(None),
+    }
+}
+
+/// Escape `%`, `_` and `\` for a LIKE pattern with `ESCAPE '\'`.
+fn like_pattern(text: &str) -> String {
+    let mut p = String::with_capacity(text.len() + 2);
+    p.push('%');
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
+
+pub fn search(
+    conn: &Connection,
+    filter: &MessageFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<Page, StoreError> {
+    let mut clauses: Vec<&str> = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(q) = &filter.queue {
+        clauses.push("queue = ?");
+        args.push(Value::Text(q.clone()));
+    }
+    if let Some(s) = filter.state {
+        clauses.push("state = ?");
+        args.push(Value::Integer(s.code() as i64));
+    }
+    if let Some(k) = &filter.key {
+        clauses.push("msg_key = ?");
+        args.push(Value::Text(k.clone()));
+    }
+    if let Some(c) = filter.error_class {
+        clauses.push("error_class = ?");
+        args.push(Value::Text(c.as_str().to_owned()));
+    }
+    if let Some(t) = &filter.text {
+        clauses.push("(payload LIKE ? ESCAPE '\\' OR last_error LIKE ? ESCAPE '\\')");
+        let p = like_pattern(t);
+        args.push(Value::Text(p.clone()));
+        args.push(Value::Text(p));
+    }
+    if let Some(s) = filter.since {
+        clauses.push("created_at >= ?");
+        args.push(Value::Integer(s.as_millis()));
+    }
+    if let Some(u) = filter.until {
+        clauses.push("created_at < ?");
+        args.push(Value::Integer(u.as_millis()));
+    }
+    if let Some(c) = cursor {
+        let seq: i64 = c
+            .parse()
+            .map_err(|_| StoreError::Backend(format!("bad cursor {c:?}")))?;
+        clauses.push("seq < ?");
+        args.push(Value::Integer(seq));
+    }
+    let where_ = if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
+    let limit = limit.max(1);
+    args.push(Value::Integer(limit as i64 + 1));
+    let sql = format!("SELECT {COLUMNS} FROM messages {where_} ORDER BY seq DESC LIMIT ?");
+    let mut rows: Vec<Row> = conn
+        .prepare_cached(&sql)?
+        .query_map(params_from_iter(args), Row::from_sql)?
+        .collect::<Result<_, _>>()?;
+    let next_cursor = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| r.seq.to_string())
+    } else {
+        None
+    };
+    let messages = rows.iter().map(|r| r.to_message(None)).collect::<Result<_, _>>()?;
+    Ok(Page { messages, next_cursor })
+}
+
+pub fn queue_stats(conn: &Connection, counts: Vec<(String, [i64; 5])>) -> Result<Vec<QueueStats>, StoreError> {
+    let mut out = Vec::with_capacity(counts.len());
+    let mut stmt = conn.prepare_cached(
+        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",
+    )?;
+    for (queue, c) in counts {
+        let mut oldest: Option<i64> = None;
+        if c[State::Ready.code() as usize] > 0 {
+            // One index seek per priority level on ix_ready, instead of a scan.
+            for p in 0..=9u8 {
+                let v: Option<i64> = stmt.query_row(rusqlite::params![queue, p], |r| r.get(0))?;
+                if let Some(v) = v {
+                    oldest = Some(oldest.map_or(v, |o| o.min(v)));
+                }
+            }
+        }
+        out.push(QueueStats {
+            queue,
+            counts: c.map(|n| n.max(0) as u64),
+            oldest_ready_due: oldest.map(Timestamp::from_millis),
+        });
+    }
+    out.sort_by(|a, b| a.queue.cmp(&b.queue));
+    Ok(out)
+}

@@ -1,0 +1,108 @@
+//! A `messages` row and its conversion to a [`Message`].
+
+use crate::StoreError;
+use redrive_core::{DeadReason, HistoryEntry, LastError, Message, MessageId, State, Timestamp};
+
+/// Every column but `history`, in [`super::schema::COLUMNS`] order.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub seq: i64,
+    pub id: String,
+    pub queue: String,
+    pub state: State,
+    pub priority: u8,
+    pub due_at: Option<i64>,
+    pub key: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub payload: String,
+    pub headers: Option<String>,
+    pub attempts: u32,
+    pub budget_base: u32,
+    pub uncounted: u32,
+    pub prev_delay_ms: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub lease_token: Option<String>,
+    pub leased_at: Option<i64>,
+    pub lease_expires_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub dead_reason: Option<String>,
+    pub last_error: Option<String>,
+}
+
+impl Row {
+    /// Read a row selected with [`super::schema::COLUMNS`] (starting at column `0`).
+    pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        let state: u8 = r.get(3)?;
+        Ok(Row {
+            seq: r.get(0)?,
+            id: r.get(1)?,
+            queue: r.get(2)?,
+            state: State::from_code(state).unwrap_or(State::Dead),
+            priority: r.get(4)?,
+            due_at: r.get(5)?,
+            key: r.get(6)?,
+            idempotency_key: r.get(7)?,
+            payload: r.get(8)?,
+            headers: r.get(9)?,
+            attempts: r.get(10)?,
+            budget_base: r.get(11)?,
+            uncounted: r.get(12)?,
+            prev_delay_ms: r.get(13)?,
+            created_at: r.get(14)?,
+            updated_at: r.get(15)?,
+            lease_token: r.get(16)?,
+            leased_at: r.get(17)?,
+            lease_expires_at: r.get(18)?,
+            finished_at: r.get(19)?,
+            dead_reason: r.get(20)?,
+            last_error: r.get(21)?,
+        })
+    }
+
+    /// Attempts counted against `max_attempts` since the last redrive.
+    pub fn counted_attempts(&self) -> u32 {
+        self.attempts.saturating_sub(self.budget_base).saturating_sub(self.uncounted)
+    }
+
+    /// The message this row stores; `history` is the raw JSON array, if wanted.
+    pub fn to_message(&self, history: Option<&str>) -> Result<Message, StoreError> {
+        let ts = |v: Option<i64>| v.map(Timestamp::from_millis);
+        let history: Vec<HistoryEntry> = match history {
+            Some(h) => serde_json::from_str(h)?,
+            None => Vec::new(),
+        };
+        let last_error: Option<LastError> = match &self.last_error {
+            Some(s) => Some(serde_json::from_str(s)?),
+            None => None,
+        };
+        Ok(Message {
+            id: self.id.parse::<MessageId>().map_err(|e| StoreError::Backend(e.to_string()))?,
+            queue: self.queue.clone(),
+            state: self.state,
+            payload: serde_json::from_str(&self.payload)?,
+            headers: match &self.headers {
+                Some(h) => serde_json::from_str(h)?,
+                None => Default::default(),
+            },
+            key: self.key.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            priority: self.priority,
+            attempts: self.attempts,
+            due_at: match self.state {
+                State::Scheduled | State::Ready => ts(self.due_at),
+                _ => None,
+            },
+            lease_expires_at: match self.state {
+                State::Leased => ts(self.lease_expires_at),
+                _ => None,
+            },
+            created_at: Timestamp::from_millis(self.created_at),
+            updated_at: Timestamp::from_millis(self.updated_at),
+            finished_at: ts(self.finished_at),
+            dead_reason: self.dead_reason.as_deref().and_then(DeadReason::parse),
+            last_error,
+            history,
+        })
+    }
+}

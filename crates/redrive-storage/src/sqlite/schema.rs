@@ -1,0 +1,86 @@
+//! The on-disk schema of the embedded store.
+//!
+//! One `messages` table holds every message in every state; partial indexes
+//! make each hot query an index range scan over only the rows it can match:
+//! `ix_ready` (lease: queue, priority, due time), `ix_scheduled` (the
+//! scheduler: earliest due time), `ix_leased` (the reaper: earliest lease
+//! expiry), `ix_done` (purge), `ix_key` (per-key ordering), `ix_queue_state`
+//! (operator search by queue and state, newest first).
+
+use rusqlite::Connection;
+
+/// Bumped when the schema changes; a store refuses to open a newer one.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+  seq               INTEGER PRIMARY KEY,
+  id                TEXT NOT NULL UNIQUE,
+  queue             TEXT NOT NULL,
+  state             INTEGER NOT NULL,
+  priority          INTEGER NOT NULL,
+  due_at            INTEGER,
+  msg_key           TEXT,
+  idempotency_key   TEXT,
+  payload           TEXT NOT NULL,
+  headers           TEXT,
+  attempts          INTEGER NOT NULL DEFAULT 0,
+  budget_base       INTEGER NOT NULL DEFAULT 0,
+  uncounted         INTEGER NOT NULL DEFAULT 0,
+  prev_delay_ms     INTEGER,
+  created_at        INTEGER NOT NULL,
+  updated_at        INTEGER NOT NULL,
+  lease_token       TEXT,
+  leased_at         INTEGER,
+  lease_expires_at  INTEGER,
+  finished_at       INTEGER,
+  dead_reason       TEXT,
+  error_class       TEXT,
+  last_error        TEXT,
+  history           TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS ix_ready ON messages(queue, priority DESC, due_at, seq) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS ix_scheduled ON messages(due_at) WHERE state = 0;
+CREATE INDEX IF NOT EXISTS ix_leased ON messages(lease_expires_at) WHERE state = 2;
+CREATE INDEX IF NOT EXISTS ix_done ON messages(finished_at) WHERE state = 3;
+CREATE INDEX IF NOT EXISTS ix_key ON messages(queue, msg_key, seq) WHERE msg_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_queue_state ON messages(queue, state, seq);
+CREATE TABLE IF NOT EXISTS idempotency (
+  queue       TEXT NOT NULL,
+  ikey        TEXT NOT NULL,
+  message_id  TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  expires_at  INTEGER NOT NULL,
+  PRIMARY KEY (queue, ikey)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
+"#;
+
+/// Create or check the schema.
+pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
+    conn.execute_batch(SCHEMA)?;
+    let found: Option<String> = conn
+        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| r.get(0))
+        .ok();
+    match found.and_then(|v| v.parse::<i64>().ok()) {
+        None => {
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?1)",
+                [SCHEMA_VERSION.to_string()],
+            )?;
+        }
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(crate::StoreError::Backend(format!(
+                "data directory has schema version {v}, this redrive knows {SCHEMA_VERSION}: upgrade redrive"
+            )));
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// The column list every message read uses, in [`super::row::Row`] order.
+pub const COLUMNS: &str = "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
+     headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
+     leased_at, lease_expires_at, finished_at, dead_reason, last_error";

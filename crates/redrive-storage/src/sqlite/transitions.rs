@@ -1,0 +1,632 @@
+//! The message state machine's transitions, run inside the writer's transaction.
+//!
+//! Each public method here is one job of [`super::group_commit`]: it reads the
+//! rows it needs, checks the transition is legal (lease token, state), asks the
+//! queue's [`redrive_core::RetryPolicy`] what a failure leads to, and writes.
+//! It validates before it writes wherever it can; when it cannot, returning an
+//! error rolls its savepoint back, so a failed transition changes nothing.
+
+use super::row::Row;
+use super::schema::COLUMNS;
+use crate::{
+    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
+    StoreError, TickOutcome,
+};
+use redrive_core::{
+    Decision, DeadReason, Failure, FailureContext, HistoryEntry, HistoryEvent, LastError,
+    Message, MessageId, NewMessage, OnDead, Ordering, QueueCatalog, SplitMix64, State, Timestamp,
+};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Per-queue message counts, indexed by [`State::code`].
+pub type Counts = HashMap<String, [i64; 5]>;
+
+/// At most this many scheduled messages become ready in one tick.
+const TICK_PROMOTE_LIMIT: i64 = 10_000;
+/// At most this many expired leases are failed in one tick.
+const TICK_EXPIRE_LIMIT: i64 = 1_000;
+/// At most this many done messages are deleted by one purge.
+const PURGE_LIMIT: i64 = 10_000;
+
+/// Everything the writer thread owns.
+pub struct WriterState {
+    /// The only write connection.
+    pub conn: Connection,
+    rng: SplitMix64,
+    catalog: Arc<QueueCatalog>,
+    idempotency_window_ms: u64,
+    /// Counts published to readers after each commit.
+    counts: Arc<Mutex<Counts>>,
+    /// Count changes of the running job, of the running batch.
+    job_delta: Vec<(String, Option<State>, Option<State>)>,
+    batch_delta: Vec<(String, Option<State>, Option<State>)>,
+    /// Earliest wake-up written by the running job, of the running batch.
+    job_wake: Option<i64>,
+    job_exact_wake: Option<Option<i64>>,
+    batch_wake: Option<i64>,
+}
+
+impl WriterState {
+    pub fn new(
+        conn: Connection,
+        seed: u64,
+        catalog: Arc<QueueCatalog>,
+        idempotency_window_ms: u64,
+        counts: Arc<Mutex<Counts>>,
+    ) -> Self {
+        Self {
+            conn,
+            rng: SplitMix64::new(seed),
+            catalog,
+            idempotency_window_ms,
+            counts,
+            job_delta: Vec::new(),
+            batch_delta: Vec::new(),
+            job_wake: None,
+            job_exact_wake: None,
+            batch_wake: None,
+        }
+    }
+
+    // ---- batch bookkeeping (called by group_commit) ----
+
+    pub fn begin_batch(&mut self, current_wake: Option<Timestamp>) {
+        self.batch_delta.clear();
+        self.batch_wake = current_wake.map(Timestamp::as_millis);
+    }
+
+    pub fn keep_command(&mut self) {
+        self.batch_delta.append(&mut self.job_delta);
+        if let Some(exact) = self.job_exact_wake.take() {
+            self.batch_wake = exact;
+        }
+        if let Some(w) = self.job_wake.take() {
+            self.batch_wake = Some(self.batch_wake.map_or(w, |b| b.min(w)));
+        }
+    }
+
+    pub fn discard_command(&mut self) {
+        self.job_delta.clear();
+        self.job_wake = None;
+        self.job_exact_wake = None;
+    }
+
+    /// After a successful commit: publish counts, return the new wake hint.
+    pub fn finish_batch(&mut self) -> Option<Timestamp> {
+        if let Ok(mut counts) = self.counts.lock() {
+            for (queue, from, to) in self.batch_delta.drain(..) {
+                let c = counts.entry(queue).or_insert([0; 5]);
+                if let Some(f) = from {
+                    c[f.code() as usize] -= 1;
+                }
+                if let Some(t) = to {
+                    c[t.code() as usize] += 1;
+                }
+            }
+            counts.retain(|_, c| c.iter().any(|n| *n != 0));
+        }
+        self.batch_wake.map(Timestamp::from_millis)
+    }
+
+    pub fn abort_batch(&mut self) {
+        self.batch_delta.clear();
+        self.discard_command();
+    }
+
+    fn moved(&mut self, queue: &str, from: Option<State>, to: Option<State>) {
+        self.job_delta.push((queue.to_owned(), from, to));
+    }
+
+    fn wake_at(&mut self, at: i64) {
+        self.job_wake = Some(self.job_wake.map_or(at, |w| w.min(at)));
+    }
+
+    // ---- row access ----
+
+    fn row_by_id(&self, id: &MessageId) -> Result<Row, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM messages WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)?
+            .query_row([id.to_string()], Row::from_sql)
+            .optional()?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    fn append_history(&self, seq: i64, entry: &HistoryEntry) -> Result<(), StoreError> {
+        let json = serde_json::to_string(entry)?;
+        self.conn
+            .prepare_cached("UPDATE messages SET history = json_insert(history, '$[#]', json(?2)) WHERE seq = ?1")?
+            .execute(params![seq, json])?;
+        Ok(())
+    }
+
+    // ---- transitions ----
+
+    pub fn publish(&mut self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        for (index, item) in items.into_iter().enumerate() {
+            let payload = serde_json::to_string(&item.payload)?;
+            let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
+            if let Some(ikey) = &item.idempotency_key {
+                let found: Option<(String, String)> = self
+                    .conn
+                    .prepare_cached(
+                        "SELECT message_id, fingerprint FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND expires_at > ?3",
+                    )?
+                    .query_row(params![item.queue, ikey, now.as_millis()], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                if let Some((mid, fp)) = found {
+                    if fp != fingerprint {
+                        return Err(StoreError::IdempotencyConflict { index, key: ikey.clone() });
+                    }
+                    let id: MessageId = mid.parse().map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
+                    match self.row_by_id(&id) {
+                        Ok(row) => {
+                            out.push(Published { message: row.to_message(None)?, replayed: true, failure: None });
+                            continue;
+                        }
+                        Err(StoreError::NotFound(_)) => {} // deleted by an operator: publish anew
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            let id = MessageId::new();
+            let due = item.deliver_at.unwrap_or(now).max(now);
+            let mut row = Row {
+                seq: 0,
+                id: id.to_string(),
+                queue: item.queue.clone(),
+                state: if due > now { State::Scheduled } else { State::Ready },
+                priority: item.priority,
+                due_at: Some(due.as_millis()),
+                key: item.key.clone(),
+                idempotency_key: item.idempotency_key.clone(),
+                payload,
+                headers: if item.headers.is_empty() { None } else { Some(serde_json::to_string(&item.headers)?) },
+                attempts: 0,
+                budget_base: 0,
+                uncounted: 0,
+                prev_delay_ms: None,
+                created_at: now.as_millis(),
+                updated_at: now.as_millis(),
+                lease_token: None,
+                leased_at: None,
+                lease_expires_at: None,
+                finished_at: None,
+                dead_reason: None,
+                last_error: None,
+            };
+            let mut history = Vec::new();
+            let mut failure_outcome = None;
+            if let Some(failure) = &item.failed {
+                row.attempts = 1;
+                let (entry, class) = self.decide_into(&mut row, failure, now)?;
+                history.push(entry);
+                failure_outcome = Some(class);
+            }
+            let history_json = serde_json::to_string(&history)?;
+            row.seq = self.insert(&row, &history_json)?;
+            if let Some(ikey) = &item.idempotency_key {
+                self.conn
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![
+                        item.queue,
+                        ikey,
+                        row.id,
+                        fingerprint,
+                        now.plus_ms(self.idempotency_window_ms).as_millis()
+                    ])?;
+            }
+            self.moved(&row.queue, None, Some(row.state));
+            if row.state == State::Scheduled {
+                if let Some(d) = row.due_at {
+                    self.wake_at(d);
+                }
+            }
+            let message = row.to_message(Some(&history_json))?;
+            let failure = match failure_outcome {
+                Some((class, delay)) => Some(FailureOutcome {
+                    message: message.clone(),
+                    class,
+                    retry_delay_ms: delay,
+                    dead_reason: message.dead_reason,
+                }),
+                None => None,
+            };
+            out.push(Published { message, replayed: false, failure });
+        }
+        Ok(out)
+    }
+
+    fn insert(&self, row: &Row, history: &str) -> Result<i64, StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, payload, headers, \
+                 attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, finished_at, dead_reason, \
+                 error_class, last_error, history) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18)",
+            )?
+            .execute(params![
+                row.id,
+                row.queue,
+                row.state.code(),
+                row.priority,
+                row.due_at,
+                row.key,
+                row.idempotency_key,
+                row.payload,
+                row.headers,
+                row.attempts,
+                row.uncounted,
+                row.prev_delay_ms,
+                row.created_at,
+                row.finished_at,
+                row.dead_reason,
+                error_class_of(&row.last_error),
+                row.last_error,
+                history,
+            ])?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Apply the policy's decision for `failure` to `row` in memory; return the history
+    /// entry and (class, chosen delay).
+    fn decide_into(
+        &mut self,
+        row: &mut Row,
+        failure: &Failure,
+        now: Timestamp,
+    ) -> Result<(HistoryEntry, (redrive_core::ErrorClass, Option<u64>)), StoreError> {
+        let settings = self.catalog.get(&row.queue);
+        let ctx = FailureContext {
+            counted_attempts: row.counted_attempts().max(1),
+            created_at: Timestamp::from_millis(row.created_at),
+            now,
+            prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
+        };
+        let decision = settings.retry.decide(&ctx, failure, &mut self.rng);
+        let error = LastError {
+            class: failure.class,
+            message: failure.message.clone(),
+            code: failure.code.clone(),
+            at: now,
+        };
+        row.last_error = Some(serde_json::to_string(&error)?);
+        row.updated_at = now.as_millis();
+        let mut event_retry_at = None;
+        let mut event_delay = None;
+        let mut event_dead = None;
+        match decision {
+            Decision::Retry { delay_ms, due_at, counted } => {
+                row.state = if due_at > now { State::Scheduled } else { State::Ready };
+                row.due_at = Some(due_at.as_millis());
+                row.prev_delay_ms = Some(delay_ms.min(i64::MAX as u64) as i64);
+                if !counted {
+                    row.uncounted += 1;
+                }
+                event_retry_at = Some(due_at);
+                event_delay = Some(delay_ms);
+            }
+            Decision::Dead { reason } => {
+                row.state = State::Dead;
+                row.finished_at = Some(now.as_millis());
+                row.dead_reason = Some(reason.as_str().to_owned());
+                event_dead = Some(reason);
+            }
+        }
+        let entry = HistoryEntry {
+            attempt: row.attempts,
+            at: now,
+            leased_at: row.leased_at.map(Timestamp::from_millis),
+            event: HistoryEvent::Failed {
+                error,
+                retry_after_ms: failure.retry_after_ms,
+                retry_at: event_retry_at,
+                delay_ms: event_delay,
+                dead_reason: event_dead,
+            },
+        };
+        Ok((entry, (failure.class, event_delay)))
+    }
+
+    /// A failed attempt of a leased (or just-published) row: decide and write.
+    fn fail_attempt(&mut self, mut row: Row, failure: &Failure, now: Timestamp) -> Result<FailureOutcome, StoreError> {
+        let from = row.state;
+        let (entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
+                 finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10 WHERE seq = ?1",
+            )?
+            .execute(params![
+                row.seq,
+                row.state.code(),
+                row.due_at,
+                row.prev_delay_ms,
+                row.uncounted,
+                row.updated_at,
+                row.finished_at,
+                row.dead_reason,
+                failure.class.as_str(),
+                row.last_error,
+            ])?;
+        self.append_history(row.seq, &entry)?;
+        self.moved(&row.queue, Some(from), Some(row.state));
+        if row.state == State::Scheduled {
+            if let Some(d) = row.due_at {
+                self.wake_at(d);
+            }
+        }
+        let message = row.to_message(None)?;
+        Ok(FailureOutcome { dead_reason: message.dead_reason, message, class, retry_delay_ms: delay })
+    }
+
+    pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
+        let settings = self.catalog.get(&req.queue);
+        let sql = match settings.ordering {
+            Ordering::None => format!(
+                "SELECT {COLUMNS} FROM messages WHERE queue = ?1 AND state = 1 \
+                 ORDER BY priority DESC, due_at, seq LIMIT ?2"
+            ),
+            Ordering::Key => {
+                let blocking = match settings.on_dead {
+                    OnDead::Skip => "0, 1, 2",
+                    OnDead::Block => "0, 1, 2, 4",
+                };
+                format!(
+                    "SELECT {COLUMNS} FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR NOT EXISTS \
+                     (SELECT 1 FROM messages p WHERE p.queue = ?1 AND p.msg_key = m.msg_key AND p.seq < m.seq \
+                      AND p.state IN ({blocking}))) ORDER BY priority DESC, due_at, seq LIMIT ?2"
+                )
+            }
+        };
+        let rows: Vec<Row> = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map(params![req.queue, req.max.max(1)], Row::from_sql)?
+            .collect::<Result<_, _>>()?;
+        let expires = now.plus_ms(req.lease_ms);
+        let mut out = Vec::with_capacity(rows.len());
+        for mut row in rows {
+            row.attempts += 1;
+            let token = format!("{}-{:016x}", row.attempts, self.rng.next_u64());
+            self.conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 2, attempts = ?2, lease_token = ?3, leased_at = ?4, \
+                     lease_expires_at = ?5, updated_at = ?4 WHERE seq = ?1",
+                )?
+                .execute(params![row.seq, row.attempts, token, now.as_millis(), expires.as_millis()])?;
+            let lateness_ms = now.as_millis() - row.due_at.unwrap_or(now.as_millis());
+            row.state = State::Leased;
+            row.lease_token = Some(token.clone());
+            row.leased_at = Some(now.as_millis());
+            row.lease_expires_at = Some(expires.as_millis());
+            row.updated_at = now.as_millis();
+            self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
+            out.push(Leased {
+                message: row.to_message(None)?,
+                attempt: row.attempts,
+                token,
+                expires_at: expires,
+                lateness_ms,
+            });
+        }
+        if !out.is_empty() {
+            self.wake_at(expires.as_millis());
+        }
+        Ok(out)
+    }
+
+    /// The row of a lease, if `lease` is the message's live lease.
+    fn leased_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Row, StoreError> {
+        let row = self.row_by_id(&lease.id)?;
+        check_lease(&row, &lease.token, now)?;
+        Ok(row)
+    }
+
+    pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Acked, StoreError> {
+        let mut row = self.row_by_id(&lease.id)?;
+        if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
+            return Ok(Acked { message: row.to_message(None)? }); // a retried ack
+        }
+        check_lease(&row, &lease.token, now)?;
+        self.conn
+            .prepare_cached("UPDATE messages SET state = 3, finished_at = ?2, updated_at = ?2 WHERE seq = ?1")?
+            .execute(params![row.seq, now.as_millis()])?;
+        let entry = HistoryEntry {
+            attempt: row.attempts,
+            at: now,
+            leased_at: row.leased_at.map(Timestamp::from_millis),
+            event: HistoryEvent::Acked,
+        };
+        self.append_history(row.seq, &entry)?;
+        self.moved(&row.queue, Some(State::Leased), Some(State::Done));
+        row.state = State::Done;
+        row.finished_at = Some(now.as_millis());
+        row.updated_at = now.as_millis();
+        Ok(Acked { message: row.to_message(None)? })
+    }
+
+    pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailureOutcome, StoreError> {
+        let row = self.leased_row(&nack.lease, now)?;
+        self.fail_attempt(row, &nack.failure, now)
+    }
+
+    pub fn extend(&mut self, lease: &LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError> {
+        let row = self.leased_row(lease, now)?;
+        let current = row.lease_expires_at.unwrap_or(now.as_millis());
+        let new = now.plus_ms(by_ms).as_millis().max(current);
+        self.conn
+            .prepare_cached("UPDATE messages SET lease_expires_at = ?2, updated_at = ?3 WHERE seq = ?1")?
+            .execute(params![row.seq, new, now.as_millis()])?;
+        Ok(Timestamp::from_millis(new))
+    }
+
+    pub fn redrive(&mut self, id: &MessageId, now: Timestamp) -> Result<Message, StoreError> {
+        let row = self.row_by_id(id)?;
+        if !matches!(row.state, State::Dead | State::Scheduled) {
+            return Err(StoreError::InvalidState { state: row.state, action: "redrive", allowed: "dead or scheduled" });
+        }
+        self.conn
+            .prepare_cached(
+                "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, \
+                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL WHERE seq = ?1",
+            )?
+            .execute(params![row.seq, now.as_millis()])?;
+        let entry = HistoryEntry { attempt: row.attempts, at: now, leased_at: None, event: HistoryEvent::Redriven };
+        self.append_history(row.seq, &entry)?;
+        self.moved(&row.queue, Some(row.state), Some(State::Ready));
+        self.full_message(row.seq)
+    }
+
+    pub fn kill(&mut self, id: &MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+        let row = self.row_by_id(id)?;
+        if row.state.is_final() {
+            return Err(StoreError::InvalidState {
+                state: row.state,
+                action: "kill",
+                allowed: "scheduled, ready or leased",
+            });
+        }
+        self.conn
+            .prepare_cached(
+                "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3 WHERE seq = ?1",
+            )?
+            .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()])?;
+        let entry = HistoryEntry { attempt: row.attempts, at: now, leased_at: None, event: HistoryEvent::Killed { reason } };
+        self.append_history(row.seq, &entry)?;
+        self.moved(&row.queue, Some(row.state), Some(State::Dead));
+        self.full_message(row.seq)
+    }
+
+    pub fn delete(&mut self, id: &MessageId) -> Result<Message, StoreError> {
+        let row = self.row_by_id(id)?;
+        let message = self.full_message(row.seq)?;
+        self.conn.prepare_cached("DELETE FROM messages WHERE seq = ?1")?.execute([row.seq])?;
+        if let Some(ikey) = &row.idempotency_key {
+            self.conn
+                .prepare_cached("DELETE FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3")?
+                .execute(params![row.queue, ikey, row.id])?;
+        }
+        self.moved(&row.queue, Some(row.state), None);
+        Ok(message)
+    }
+
+    fn full_message(&self, seq: i64) -> Result<Message, StoreError> {
+        let sql = format!("SELECT {COLUMNS}, history FROM messages WHERE seq = ?1");
+        let (row, history): (Row, String) = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_row([seq], |r| Ok((Row::from_sql(r)?, r.get(22)?)))?;
+        row.to_message(Some(&history))
+    }
+
+    pub fn tick(&mut self, now: Timestamp) -> Result<TickOutcome, StoreError> {
+        let t = now.as_millis();
+        let promoted: Vec<String> = self
+            .conn
+            .prepare_cached(
+                "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
+                 (SELECT seq FROM messages WHERE state = 0 AND due_at <= ?1 ORDER BY due_at LIMIT ?2) RETURNING queue",
+            )?
+            .query_map(params![t, TICK_PROMOTE_LIMIT], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut more = promoted.len() as i64 >= TICK_PROMOTE_LIMIT;
+        let mut ready_queues: Vec<String> = Vec::new();
+        for q in &promoted {
+            self.moved(q, Some(State::Scheduled), Some(State::Ready));
+            if !ready_queues.contains(q) {
+                ready_queues.push(q.clone());
+            }
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM messages WHERE state = 2 AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
+        );
+        let expired_rows: Vec<Row> = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map(params![t, TICK_EXPIRE_LIMIT], Row::from_sql)?
+            .collect::<Result<_, _>>()?;
+        more |= expired_rows.len() as i64 >= TICK_EXPIRE_LIMIT;
+        let mut expired = Vec::with_capacity(expired_rows.len());
+        let lease_expired = Failure::lease_expired();
+        for row in expired_rows {
+            let outcome = self.fail_attempt(row, &lease_expired, now)?;
+            if outcome.message.state == State::Ready && !ready_queues.contains(&outcome.message.queue) {
+                ready_queues.push(outcome.message.queue.clone());
+            }
+            expired.push(outcome);
+        }
+        let next_due: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT MIN(due_at) FROM messages WHERE state = 0")?
+            .query_row([], |r| r.get(0))?;
+        let next_expiry: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT MIN(lease_expires_at) FROM messages WHERE state = 2")?
+            .query_row([], |r| r.get(0))?;
+        let next = match (next_due, next_expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next = if more { Some(t) } else { next };
+        self.job_wake = None;
+        self.job_exact_wake = Some(next);
+        Ok(TickOutcome { ready_queues, expired, next_wake: next.map(Timestamp::from_millis), more })
+    }
+
+    pub fn purge(&mut self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError> {
+        let cutoff = now.as_millis().saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
+        let queues: Vec<String> = self
+            .conn
+            .prepare_cached(
+                "DELETE FROM messages WHERE seq IN \
+                 (SELECT seq FROM messages WHERE state = 3 AND finished_at < ?1 LIMIT ?2) RETURNING queue",
+            )?
+            .query_map(params![cutoff, PURGE_LIMIT], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut per_queue: Vec<(String, u64)> = Vec::new();
+        for q in queues {
+            self.moved(&q, Some(State::Done), None);
+            match per_queue.iter_mut().find(|(n, _)| *n == q) {
+                Some((_, c)) => *c += 1,
+                None => per_queue.push((q, 1)),
+            }
+        }
+        let idem = self
+            .conn
+            .prepare_cached("DELETE FROM idempotency WHERE expires_at <= ?1")?
+            .execute([now.as_millis()])?;
+        Ok(PurgeOutcome { done_deleted: per_queue, idempotency_deleted: idem as u64 })
+    }
+}
+
+/// Is `token` the live lease of `row` at `now`?
+fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError> {
+    if row.lease_token.as_deref() != Some(token) {
+        return Err(StoreError::LeaseMismatch);
+    }
+    if row.state != State::Leased || row.lease_expires_at.is_none_or(|e| e <= now.as_millis()) {
+        return Err(StoreError::LeaseExpired);
+    }
+    Ok(())
+}
+
+fn error_class_of(last_error: &Option<String>) -> Option<String> {
+    let e: LastError = serde_json::from_str(last_error.as_deref()?).ok()?;
+    Some(e.class.as_str().to_owned())
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint of a payload for idempotency checks.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

@@ -1,0 +1,192 @@
+//! The storage contract.
+
+use crate::{MessageFilter, Page, StoreError};
+use redrive_core::{DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State, Timestamp};
+use tokio::sync::watch;
+
+/// A request for up to `max` ready messages of `queue`.
+#[derive(Debug, Clone)]
+pub struct LeaseRequest {
+    /// The queue.
+    pub queue: String,
+    /// At most this many messages (≥ 1).
+    pub max: u32,
+    /// Lease length, ms.
+    pub lease_ms: u64,
+}
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Leased {
+    /// The message as leased (state `leased`, no history).
+    pub message: Message,
+    /// The fencing token that ack / nack / extend must present.
+    pub token: String,
+    /// This delivery's attempt number (1 = first delivery).
+    pub attempt: u32,
+    /// When the lease expires.
+    pub expires_at: Timestamp,
+    /// How late the delivery is: lease time − due time, ms (for the lateness histogram).
+    pub lateness_ms: i64,
+}
+
+/// The outcome of one published item.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The message (the original one on a replay).
+    pub message: Message,
+    /// True when an idempotency key matched an earlier publish: nothing was written.
+    pub replayed: bool,
+    /// For a publish with `failed`: what the policy decided.
+    pub failure: Option<FailureOutcome>,
+}
+
+/// A reference to a lease: the message and the token it was leased with.
+#[derive(Debug, Clone)]
+pub struct LeaseRef {
+    /// The message.
+    pub id: MessageId,
+    /// Its lease token.
+    pub token: String,
+}
+
+/// A negative acknowledgement.
+#[derive(Debug, Clone)]
+pub struct Nack {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// What went wrong.
+    pub failure: Failure,
+}
+
+/// A successful ack.
+#[derive(Debug, Clone)]
+pub struct Acked {
+    /// The message, now `done`.
+    pub message: Message,
+}
+
+/// What a failed attempt led to (nack, expired lease, publish with `failed`).
+#[derive(Debug, Clone)]
+pub struct FailureOutcome {
+    /// The message after the transition (`scheduled`, `ready` or `dead`).
+    pub message: Message,
+    /// The failure's class.
+    pub class: ErrorClass,
+    /// The chosen delay, when a retry was scheduled.
+    pub retry_delay_ms: Option<u64>,
+    /// Why it died, when it did.
+    pub dead_reason: Option<DeadReason>,
+}
+
+/// What one scheduler tick did.
+#[derive(Debug, Clone, Default)]
+pub struct TickOutcome {
+    /// Queues in which scheduled messages became ready.
+    pub ready_queues: Vec<String>,
+    /// Messages whose lease expired, with what the policy decided for each.
+    pub expired: Vec<FailureOutcome>,
+    /// When the next tick is due (earliest scheduled due time or lease expiry), if any.
+    pub next_wake: Option<Timestamp>,
+    /// Whether more work was due than one tick handles; call again at once.
+    pub more: bool,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Default)]
+pub struct PurgeOutcome {
+    /// Done messages deleted, per queue.
+    pub done_deleted: Vec<(String, u64)>,
+    /// Expired idempotency records deleted.
+    pub idempotency_deleted: u64,
+}
+
+/// Counts of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// Messages per state, indexed by [`State::code`].
+    pub counts: [u64; 5],
+    /// Due time of the oldest ready message.
+    pub oldest_ready_due: Option<Timestamp>,
+}
+
+impl QueueStats {
+    /// The count of one state.
+    pub fn count(&self, state: State) -> u64 {
+        self.counts[state.code() as usize]
+    }
+}
+
+/// The storage contract (see the crate docs). Every transition takes the caller's
+/// clock reading `now`, so tests drive time explicitly.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Insert messages, all or nothing. Idempotency keys are checked against the window;
+    /// a replay returns the original with `replayed = true`.
+    async fn publish(&self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError>;
+
+    /// Lease up to `max` ready messages: highest priority first, then earliest due,
+    /// then oldest; under `ordering = "key"` only the head of each key.
+    async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError>;
+
+    /// Ack leased messages; one result per item. Acking an already-acked message with
+    /// its last token succeeds again (a retried request).
+    async fn ack(&self, items: Vec<LeaseRef>, now: Timestamp) -> Result<Vec<Result<Acked, StoreError>>, StoreError>;
+
+    /// Nack leased messages; the policy decides retry or dead. One result per item.
+    async fn nack(&self, items: Vec<Nack>, now: Timestamp) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
+
+    /// Extend a lease to `now + by_ms` (never shortening it). Returns the new expiry.
+    async fn extend(&self, lease: LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError>;
+
+    /// Make a dead or scheduled message ready now, with a fresh attempt budget.
+    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError>;
+
+    /// Make a scheduled, ready or leased message dead with reason `killed`.
+    async fn kill(&self, id: MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError>;
+
+    /// Remove a message (any state) and its idempotency record.
+    async fn delete(&self, id: MessageId) -> Result<Message, StoreError>;
+
+    /// The scheduler's step: make due scheduled messages ready, fail expired leases
+    /// (`lease_expired`), and say when to call again.
+    async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError>;
+
+    /// Delete done messages finished before `now - done_retention_ms` and expired
+    /// idempotency records. Dead messages are never purged here.
+    async fn purge(&self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError>;
+
+    /// One message with its history.
+    async fn get(&self, id: MessageId) -> Result<Option<Message>, StoreError>;
+
+    /// Messages matching `filter`, newest first, `limit` at a time.
+    async fn search(&self, filter: MessageFilter, limit: u32, cursor: Option<String>) -> Result<Page, StoreError>;
+
+    /// Counts per state of every queue that has messages.
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
+
+    /// A hint of when [`Store::tick`] should next run; changes when a write makes it earlier.
+    fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>>;
+
+    /// `Some(reason)` once a failed write has poisoned the store.
+    fn poisoned(&self) -> Option<String>;
+
+    /// Stop the writer after the writes already queued; later writes fail with `Closed`.
+    async fn close(&self);
+
+    /// Group-commit statistics: (commits, changes) since open.
+    fn commit_stats(&self) -> CommitStats;
+}
+
+/// Counters of the writer, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommitStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Transitions (commands) committed.
+    pub changes: u64,
+    /// Total seconds spent in commit (fsync included).
+    pub commit_seconds: f64,
+}
