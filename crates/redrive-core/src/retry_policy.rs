@@ -7,13 +7,15 @@
 //! the policy, the attempt number, the failure, the previous delay, the clock
 //! reading and a seeded RNG — so it is reproducible and property-tested.
 //!
-//! Invariants (property-tested in this file):
+//! Invariants (property-tested in `tests/retry_policy_props.rs`):
 //! - a retry delay never exceeds `max_delay` (after jitter);
 //! - no retry is scheduled past `created_at + max_age`;
 //! - the same seed yields the same schedule;
 //! - jitter stays within the range [`RetryPolicy::explain`] prints.
 
-use crate::{format_duration_ms, DeadReason, DurationMs, ErrorClass, Failure, SplitMix64, Timestamp};
+use crate::{
+    format_duration_ms, DeadReason, DurationMs, ErrorClass, Failure, SplitMix64, Timestamp,
+};
 use serde::{Deserialize, Serialize};
 
 /// How the base delay grows with the attempt number.
@@ -117,7 +119,8 @@ impl RetryPolicyConfig {
     pub fn resolve(&self) -> Result<RetryPolicy, PolicyError> {
         let mut p = RetryPolicy::default();
         if let Some(name) = &self.preset {
-            p = RetryPolicy::preset(name).ok_or_else(|| PolicyError::UnknownPreset(name.clone()))?;
+            p = RetryPolicy::preset(name)
+                .ok_or_else(|| PolicyError::UnknownPreset(name.clone()))?;
         }
         if let Some(v) = self.max_attempts {
             p.max_attempts = v;
@@ -198,7 +201,9 @@ const HOUR: u64 = 60 * MINUTE;
 const DAY: u64 = 24 * HOUR;
 
 fn levels(list: &[&str]) -> Vec<u64> {
-    list.iter().map(|s| crate::parse_duration_ms(s).unwrap_or(0)).collect()
+    list.iter()
+        .map(|s| crate::parse_duration_ms(s).unwrap_or(0))
+        .collect()
 }
 
 impl Default for RetryPolicy {
@@ -273,7 +278,10 @@ pub struct ExplainRow {
 impl RetryPolicy {
     /// A named preset with its defaults: `rocketmq`, `sidekiq` or `svix`.
     pub fn preset(name: &str) -> Option<Self> {
-        let base = Self { jitter: Jitter::None, ..Self::default() };
+        let base = Self {
+            jitter: Jitter::None,
+            ..Self::default()
+        };
         match name {
             "rocketmq" => Some(Self {
                 max_attempts: ROCKETMQ_LEVELS.len() as u32 + 1,
@@ -303,9 +311,17 @@ impl RetryPolicy {
 
     /// Check ranges; the error names the key.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        let bad = |key, reason: &str| Err(PolicyError::Invalid { key, reason: reason.to_owned() });
+        let bad = |key, reason: &str| {
+            Err(PolicyError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
         if self.max_attempts == 0 {
-            return bad("max_attempts", "must be at least 1 (the first delivery counts)");
+            return bad(
+                "max_attempts",
+                "must be at least 1 (the first delivery counts)",
+            );
         }
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return bad("multiplier", "must be a finite number ≥ 1.0");
@@ -314,7 +330,10 @@ impl RetryPolicy {
             return bad("max_delay", "must be greater than 0s");
         }
         if self.backoff == Backoff::Schedule && self.schedule_ms.is_empty() {
-            return bad("schedule", "backoff = \"schedule\" needs a non-empty schedule list");
+            return bad(
+                "schedule",
+                "backoff = \"schedule\" needs a non-empty schedule list",
+            );
         }
         if self.max_age_ms == 0 {
             return bad("max_age", "must be greater than 0s");
@@ -345,7 +364,10 @@ impl RetryPolicy {
             }
             Backoff::Schedule => {
                 let i = (n as usize - 1).min(self.schedule_ms.len().saturating_sub(1));
-                self.schedule_ms.get(i).copied().unwrap_or(self.initial_delay_ms)
+                self.schedule_ms
+                    .get(i)
+                    .copied()
+                    .unwrap_or(self.initial_delay_ms)
             }
             Backoff::Sidekiq => {
                 let c = (n - 1) as u64;
@@ -376,13 +398,22 @@ impl RetryPolicy {
     }
 
     /// The decision after a failed attempt: retry when, or dead why.
-    pub fn decide(&self, ctx: &FailureContext, failure: &Failure, rng: &mut SplitMix64) -> Decision {
+    pub fn decide(
+        &self,
+        ctx: &FailureContext,
+        failure: &Failure,
+        rng: &mut SplitMix64,
+    ) -> Decision {
         let counted = failure.class != ErrorClass::RateLimited || self.rate_limited_counts;
         if failure.class == ErrorClass::Permanent {
-            return Decision::Dead { reason: DeadReason::PermanentError };
+            return Decision::Dead {
+                reason: DeadReason::PermanentError,
+            };
         }
         if counted && ctx.counted_attempts >= self.max_attempts {
-            return Decision::Dead { reason: DeadReason::MaxAttempts };
+            return Decision::Dead {
+                reason: DeadReason::MaxAttempts,
+            };
         }
         let delay_ms = match (failure.class, failure.retry_after_ms) {
             (ErrorClass::RateLimited, Some(after)) => after.min(self.max_retry_after_ms),
@@ -394,9 +425,15 @@ impl RetryPolicy {
         let due_at = ctx.now.plus_ms(delay_ms);
         let deadline = ctx.created_at.plus_ms(self.max_age_ms);
         if due_at > deadline {
-            return Decision::Dead { reason: DeadReason::MaxAge };
+            return Decision::Dead {
+                reason: DeadReason::MaxAge,
+            };
         }
-        Decision::Retry { delay_ms, due_at, counted }
+        Decision::Retry {
+            delay_ms,
+            due_at,
+            counted,
+        }
     }
 
     /// The schedule as a table: for each retry, the range of its wait and of the
@@ -409,11 +446,17 @@ impl RetryPolicy {
             let (bmin, bmax) = match self.backoff {
                 Backoff::Decorrelated => {
                     let prev = prev_max.unwrap_or(self.initial_delay_ms);
-                    (self.initial_delay_ms, prev.saturating_mul(3).max(self.initial_delay_ms))
+                    (
+                        self.initial_delay_ms,
+                        prev.saturating_mul(3).max(self.initial_delay_ms),
+                    )
                 }
                 Backoff::Sidekiq => {
                     let c = (n - 1) as u64;
-                    let lo = c.saturating_pow(4).saturating_add(15).saturating_mul(SECOND);
+                    let lo = c
+                        .saturating_pow(4)
+                        .saturating_add(15)
+                        .saturating_mul(SECOND);
                     (lo, lo.saturating_add(9 * (c + 1) * SECOND))
                 }
                 _ => {
@@ -469,7 +512,12 @@ mod tests {
 
     fn ctx(n: u32) -> FailureContext {
         let t = Timestamp::from_millis(1_000_000);
-        FailureContext { counted_attempts: n, created_at: t, now: t, prev_delay_ms: None }
+        FailureContext {
+            counted_attempts: n,
+            created_at: t,
+            now: t,
+            prev_delay_ms: None,
+        }
     }
 
     fn transient() -> Failure {
@@ -501,7 +549,9 @@ mod tests {
         assert_eq!(delays, levels(SVIX_LEVELS));
         assert_eq!(
             p.decide(&ctx(p.max_attempts), &transient(), &mut rng),
-            Decision::Dead { reason: DeadReason::MaxAttempts }
+            Decision::Dead {
+                reason: DeadReason::MaxAttempts
+            }
         );
     }
 
@@ -514,7 +564,10 @@ mod tests {
             match p.decide(&ctx(n), &transient(), &mut rng) {
                 Decision::Retry { delay_ms, .. } => {
                     let lo = (c.pow(4) + 15) * 1000;
-                    assert!(delay_ms >= lo && delay_ms <= lo + 9 * (c + 1) * 1000, "{n}: {delay_ms}");
+                    assert!(
+                        delay_ms >= lo && delay_ms <= lo + 9 * (c + 1) * 1000,
+                        "{n}: {delay_ms}"
+                    );
                     assert_eq!((delay_ms - lo) % ((c + 1) * 1000), 0);
                 }
                 d => panic!("{d:?}"),
@@ -523,12 +576,95 @@ mod tests {
     }
 
     #[test]
+    fn explain_default_policy() {
+        // Exponential from 1 s ×2, full jitter: attempt n+1 waits 0..=2^(n-1) s.
+        let p = RetryPolicy::default();
+        let rows = p.explain();
+        assert_eq!(rows.len(), 7);
+        assert_eq!(
+            rows[0],
+            ExplainRow {
+                attempt: 2,
+                delay_min_ms: 0,
+                delay_max_ms: SECOND,
+                cumulative_min_ms: 0,
+                cumulative_max_ms: SECOND,
+                may_exceed_max_age: false,
+            }
+        );
+        assert_eq!(
+            (rows[1].attempt, rows[1].delay_min_ms, rows[1].delay_max_ms),
+            (3, 0, 2 * SECOND)
+        );
+        assert_eq!(
+            (rows[2].attempt, rows[2].delay_min_ms, rows[2].delay_max_ms),
+            (4, 0, 4 * SECOND)
+        );
+        let maxima: Vec<u64> = rows.iter().map(|r| r.delay_max_ms).collect();
+        assert_eq!(maxima, [1, 2, 4, 8, 16, 32, 64].map(|s| s * SECOND));
+        assert!(rows
+            .iter()
+            .all(|r| r.delay_min_ms == 0 && r.cumulative_min_ms == 0));
+        assert_eq!(rows[6].cumulative_max_ms, 127 * SECOND);
+        assert!(rows.iter().all(|r| !r.may_exceed_max_age));
+    }
+
+    #[test]
+    fn explain_default_policy_caps_at_max_delay() {
+        // With more attempts the doubling reaches 1024 s at attempt 12 and is
+        // capped at 15 m from there on.
+        let p = RetryPolicy {
+            max_attempts: 20,
+            ..RetryPolicy::default()
+        };
+        let rows = p.explain();
+        assert_eq!(rows.len(), 19);
+        let mut cum = 0;
+        for (i, row) in rows.iter().enumerate() {
+            let want = (SECOND << i).min(15 * MINUTE);
+            cum += want;
+            assert_eq!(row.attempt, i as u32 + 2);
+            assert_eq!(
+                (row.delay_min_ms, row.delay_max_ms),
+                (0, want),
+                "attempt {}",
+                row.attempt
+            );
+            assert_eq!((row.cumulative_min_ms, row.cumulative_max_ms), (0, cum));
+        }
+        assert_eq!(rows[9].delay_max_ms, 512 * SECOND); // attempt 11
+        assert_eq!(rows[10].delay_max_ms, 15 * MINUTE); // attempt 12: 1024 s, capped
+        assert_eq!(rows[18].delay_max_ms, 15 * MINUTE); // attempt 20
+    }
+
+    #[test]
+    fn explain_default_policy_without_jitter_is_exact() {
+        let p = RetryPolicy {
+            jitter: Jitter::None,
+            max_attempts: 14,
+            ..RetryPolicy::default()
+        };
+        let delays: Vec<(u64, u64)> = p
+            .explain()
+            .iter()
+            .map(|r| (r.delay_min_ms, r.delay_max_ms))
+            .collect();
+        let want: Vec<(u64, u64)> = (0..13)
+            .map(|i| (SECOND << i).min(15 * MINUTE))
+            .map(|d| (d, d))
+            .collect();
+        assert_eq!(delays, want);
+    }
+
+    #[test]
     fn permanent_is_dead_now() {
         let p = RetryPolicy::default();
         let f = Failure::new(ErrorClass::Permanent, "400");
         assert_eq!(
             p.decide(&ctx(1), &f, &mut SplitMix64::new(0)),
-            Decision::Dead { reason: DeadReason::PermanentError }
+            Decision::Dead {
+                reason: DeadReason::PermanentError
+            }
         );
     }
 
@@ -538,7 +674,9 @@ mod tests {
         let mut f = Failure::new(ErrorClass::RateLimited, "429");
         f.retry_after_ms = Some(10_000);
         match p.decide(&ctx(1), &f, &mut SplitMix64::new(0)) {
-            Decision::Retry { delay_ms, counted, .. } => {
+            Decision::Retry {
+                delay_ms, counted, ..
+            } => {
                 assert_eq!(delay_ms, 10_000);
                 assert!(!counted);
             }
@@ -558,14 +696,34 @@ mod tests {
 
     #[test]
     fn config_layers_and_names_bad_keys() {
-        let base = RetryPolicyConfig { max_attempts: Some(3), ..Default::default() };
-        let q = RetryPolicyConfig { preset: Some("svix".into()), ..Default::default() };
+        let base = RetryPolicyConfig {
+            max_attempts: Some(3),
+            ..Default::default()
+        };
+        let q = RetryPolicyConfig {
+            preset: Some("svix".into()),
+            ..Default::default()
+        };
         let p = q.over(&base).resolve().unwrap();
         assert_eq!(p.max_attempts, 3);
         assert_eq!(p.backoff, Backoff::Schedule);
-        let bad = RetryPolicyConfig { multiplier: Some(0.5), ..Default::default() };
-        assert!(bad.resolve().unwrap_err().to_string().contains("retry.multiplier"));
-        let bad = RetryPolicyConfig { preset: Some("kafka".into()), ..Default::default() };
-        assert!(bad.resolve().unwrap_err().to_string().contains("retry.preset"));
+        let bad = RetryPolicyConfig {
+            multiplier: Some(0.5),
+            ..Default::default()
+        };
+        assert!(bad
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .contains("retry.multiplier"));
+        let bad = RetryPolicyConfig {
+            preset: Some("kafka".into()),
+            ..Default::default()
+        };
+        assert!(bad
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .contains("retry.preset"));
     }
 }

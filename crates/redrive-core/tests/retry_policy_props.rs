@@ -61,12 +61,7 @@ fn error_class() -> impl Strategy<Value = ErrorClass> {
 
 /// A duration in ms, biased towards the interesting small values and edges.
 fn duration_ms(max: u64) -> impl Strategy<Value = u64> {
-    prop_oneof![
-        Just(0u64),
-        1u64..=SECOND,
-        0u64..=max,
-        Just(max),
-    ]
+    prop_oneof![Just(0u64), 1u64..=SECOND, 0u64..=max, Just(max),]
 }
 
 /// Like [`duration_ms`] but never zero.
@@ -117,14 +112,29 @@ prop_compose! {
     }
 }
 
-prop_compose! {
-    /// Any failure, `retry_after` included (hostile values too).
-    fn failure()(
-        class in error_class(),
-        retry_after_ms in option::of(prop_oneof![duration_ms(2 * DAY), any::<u64>()]),
-    ) -> Failure {
-        Failure { retry_after_ms, ..Failure::new(class, "boom") }
-    }
+/// Any failure of one of `classes`, `retry_after` included (hostile values too).
+fn failure_of(classes: impl Strategy<Value = ErrorClass>) -> impl Strategy<Value = Failure> {
+    (
+        classes,
+        option::of(prop_oneof![duration_ms(2 * DAY), any::<u64>()]),
+    )
+        .prop_map(|(class, retry_after_ms)| Failure {
+            retry_after_ms,
+            ..Failure::new(class, "boom")
+        })
+}
+
+/// Any failure.
+fn failure() -> impl Strategy<Value = Failure> {
+    failure_of(error_class())
+}
+
+/// Any failure that is not `permanent`.
+fn retryable_failure() -> impl Strategy<Value = Failure> {
+    failure_of(prop_oneof![
+        Just(ErrorClass::Transient),
+        Just(ErrorClass::RateLimited)
+    ])
 }
 
 fn transient() -> Failure {
@@ -144,11 +154,18 @@ fn simulate(policy: &RetryPolicy, created_at: Timestamp, seed: u64) -> Vec<Decis
     let mut prev_delay_ms = None;
     let mut out = Vec::new();
     for n in 1..=policy.max_attempts {
-        let ctx = FailureContext { counted_attempts: n, created_at, now, prev_delay_ms };
+        let ctx = FailureContext {
+            counted_attempts: n,
+            created_at,
+            now,
+            prev_delay_ms,
+        };
         let d = policy.decide(&ctx, &transient(), &mut rng);
         out.push(d);
         match d {
-            Decision::Retry { delay_ms, due_at, .. } => {
+            Decision::Retry {
+                delay_ms, due_at, ..
+            } => {
                 prev_delay_ms = Some(delay_ms);
                 now = due_at;
             }
@@ -207,6 +224,51 @@ proptest! {
         }
     }
 
+    /// The `max_age` boundary is exact: a retry due at the very end of the
+    /// window is scheduled, one a millisecond later is dead of `max_age`.
+    #[test]
+    fn max_age_boundary_is_exact(
+        policy in policy(),
+        created_at in 0i64..=4_000_000_000_000,
+        slack in -2i64..=2,
+        retry_after_ms in option::of(duration_ms(2 * DAY)),
+        seed in any::<u64>(),
+    ) {
+        // A policy whose delay is known in advance: fixed, no jitter, or a
+        // rate limit's `retry_after`.
+        let policy = RetryPolicy {
+            backoff: Backoff::Fixed,
+            jitter: Jitter::None,
+            max_attempts: policy.max_attempts.max(2),
+            ..policy
+        };
+        let (failure, delay_ms) = match retry_after_ms {
+            Some(after) => (
+                Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") },
+                after.min(policy.max_retry_after_ms),
+            ),
+            None => (transient(), policy.initial_delay_ms.min(policy.max_delay_ms)),
+        };
+        let policy = RetryPolicy { max_age_ms: policy.max_age_ms.max(delay_ms + 2), ..policy };
+        let created_at = Timestamp::from_millis(created_at);
+        let deadline = created_at.plus_ms(policy.max_age_ms);
+        let now = Timestamp::from_millis(deadline.as_millis() - delay_ms as i64 + slack);
+        let ctx = FailureContext { counted_attempts: 1, created_at, now, prev_delay_ms: None };
+        let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
+        if slack <= 0 {
+            prop_assert_eq!(
+                decision,
+                Decision::Retry {
+                    delay_ms,
+                    due_at: Timestamp::from_millis(deadline.as_millis() + slack),
+                    counted: counts(&policy, &failure),
+                }
+            );
+        } else {
+            prop_assert_eq!(decision, Decision::Dead { reason: DeadReason::MaxAge });
+        }
+    }
+
     /// Property 3: same (policy, ctx, failure, seed), same decision.
     #[test]
     fn same_seed_same_decision(
@@ -260,10 +322,9 @@ proptest! {
     fn max_attempts_counts_only_counted_failures(
         policy in policy(),
         ctx in context(),
-        failure in failure(),
+        failure in retryable_failure(),
         seed in any::<u64>(),
     ) {
-        prop_assume!(failure.class != ErrorClass::Permanent);
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         let max_attempts = Decision::Dead { reason: DeadReason::MaxAttempts };
         if counts(&policy, &failure) && ctx.counted_attempts >= policy.max_attempts {
@@ -541,7 +602,10 @@ fn each_preset_resolves_and_validates() {
     for name in PRESETS {
         let p = RetryPolicy::preset(name).unwrap_or_else(|| panic!("{name}"));
         assert_eq!(p.validate(), Ok(()), "{name}");
-        let cfg = RetryPolicyConfig { preset: Some(name.to_owned()), ..Default::default() };
+        let cfg = RetryPolicyConfig {
+            preset: Some(name.to_owned()),
+            ..Default::default()
+        };
         assert_eq!(cfg.resolve().as_ref(), Ok(&p), "{name}");
         assert_eq!(p.explain().len(), p.max_attempts as usize - 1, "{name}");
         // The preset's own schedule, run to the end, ends at max_attempts.
@@ -549,11 +613,16 @@ fn each_preset_resolves_and_validates() {
         assert_eq!(schedule.len(), p.max_attempts as usize, "{name}");
         assert_eq!(
             schedule.last(),
-            Some(&Decision::Dead { reason: DeadReason::MaxAttempts }),
+            Some(&Decision::Dead {
+                reason: DeadReason::MaxAttempts
+            }),
             "{name}"
         );
     }
-    assert_eq!(RetryPolicyConfig::default().resolve(), Ok(RetryPolicy::default()));
+    assert_eq!(
+        RetryPolicyConfig::default().resolve(),
+        Ok(RetryPolicy::default())
+    );
     assert_eq!(RetryPolicy::default().validate(), Ok(()));
 }
 
@@ -569,7 +638,12 @@ fn sidekiq_survives_huge_attempt_numbers() {
     };
     let now = Timestamp::from_millis(1_700_000_000_000);
     for n in [65_535, 65_536, 100_000, u32::MAX - 1] {
-        let ctx = FailureContext { counted_attempts: n, created_at: now, now, prev_delay_ms: None };
+        let ctx = FailureContext {
+            counted_attempts: n,
+            created_at: now,
+            now,
+            prev_delay_ms: None,
+        };
         match p.decide(&ctx, &transient(), &mut SplitMix64::new(1)) {
             Decision::Retry { delay_ms, .. } => assert_eq!(delay_ms, p.max_delay_ms, "{n}"),
             d => panic!("{n}: {d:?}"),
