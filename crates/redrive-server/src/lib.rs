@@ -1,1 +1,200 @@
-//! server
+//! The redrive server: engine, HTTP API, metrics and configuration.
+//!
+//! [`serve`] opens the embedded store, starts the [`engine::Engine`] (scheduler,
+//! lease reaper, purge) and serves the HTTP API of SPEC §5 until SIGTERM or
+//! SIGINT, then shuts down gracefully: stop accepting, let in-flight requests
+//! finish within `shutdown_grace`, let the store commit what it queued, exit.
+//!
+//! Guarantees enforced here: a handler answers 2xx only after the store's
+//! transition future resolved (so after the commit's fsync); bad input is
+//! refused before anything reaches the store.
+
+pub mod api;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+
+pub use config::{Config, ConfigError, Overrides};
+
+use redrive_storage::{SqliteOptions, SqliteStore, Store};
+use std::future::Future;
+use std::sync::Arc;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is unusable (message names the key).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Listening on a public address without a token, not explicitly allowed.
+    #[error(
+        "refusing to listen on {0} without api_tokens: anyone who can reach it could read and delete messages. \
+         Set api_tokens (REDRIVE_API_TOKENS), listen on 127.0.0.1, or set \
+         dangerous_allow_unauthenticated_public_listen = true"
+    )]
+    PublicWithoutToken(std::net::SocketAddr),
+    /// The store could not be opened.
+    #[error("cannot open the store in {dir}: {source}")]
+    Store {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: redrive_storage::StoreError,
+    },
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("http server failed: {0}")]
+    Http(std::io::Error),
+}
+
+/// Open the store and build the engine for `config` (no listening yet).
+pub fn open(config: &Config) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
+    if !config.listens_on_loopback()
+        && config.api_tokens.is_empty()
+        && !config.dangerous_allow_unauthenticated_public_listen
+    {
+        return Err(ServerError::PublicWithoutToken(config.listen));
+    }
+    let metrics = Arc::new(metrics::Metrics::new());
+    let observer_metrics = metrics.clone();
+    let mut opts = SqliteOptions::new(&config.data_dir);
+    opts.durability = config.durability.into();
+    opts.catalog = Arc::new(config.catalog());
+    opts.idempotency_window_ms = config.idempotency_window.ms();
+    opts.commit_observer = Some(Arc::new(move |n, secs| {
+        observer_metrics.observe_commit(n, secs)
+    }));
+    let store = SqliteStore::open(opts).map_err(|source| ServerError::Store {
+        dir: config.data_dir.clone(),
+        source,
+    })?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    let engine = Arc::new(engine::Engine::new(
+        store,
+        Arc::new(config.clone()),
+        metrics.clone(),
+    ));
+    Ok((engine, metrics))
+}
+
+/// Run the server until SIGTERM or SIGINT, then shut down gracefully.
+pub async fn serve(config: Config) -> Result<(), ServerError> {
+    serve_until(config, shutdown_signal()).await
+}
+
+/// Run the server until `shutdown` resolves, then shut down gracefully.
+pub async fn serve_until(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    Server::bind(config).await?.run(shutdown).await
+}
+
+/// A server whose store is open and whose listener is bound, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    config: Config,
+    engine: Arc<engine::Engine>,
+    metrics: Arc<metrics::Metrics>,
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+}
+
+impl Server {
+    /// Open the store and bind the listener (port 0 picks a free port).
+    pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        let (engine, metrics) = open(&config)?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(ServerError::Http)?;
+        Ok(Server {
+            config,
+            engine,
+            metrics,
+            listener,
+            addr,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Serve until `shutdown` resolves; then stop accepting, let in-flight requests finish
+    /// (at most `shutdown_grace`), stop the background tasks and close the store.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let Server {
+            config,
+            engine,
+            metrics,
+            listener,
+            addr,
+        } = self;
+        tracing::info!(%addr, data_dir = %config.data_dir.display(), durability = ?config.durability, "redrive listening");
+        let background = engine.clone().start();
+        let app = api::router(engine.clone(), metrics);
+        let grace = std::time::Duration::from_millis(config.shutdown_grace.ms());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_engine = engine.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
+            // Wake long-polling consumers so they answer (empty) now instead of at their deadline.
+            stop_engine.begin_shutdown();
+            let _ = stop_tx.send(true);
+        });
+        let mut stop_rx2 = stop_rx.clone();
+        let result = tokio::select! {
+            r = server => r.map_err(ServerError::Http),
+            _ = async move {
+                let _ = stop_rx2.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within shutdown_grace; closing");
+                Ok(())
+            }
+        };
+        drop(stop_rx);
+        background.stop().await;
+        engine.store().close().await;
+        tracing::info!("store flushed and closed; bye");
+        result
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

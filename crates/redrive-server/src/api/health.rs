@@ -1,0 +1,50 @@
+//! Liveness, readiness and Prometheus metrics.
+
+use super::{ApiError, AppState};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use redrive_core::Timestamp;
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
+pub async fn healthz() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Readiness: the store accepts writes and the server is not shutting down.
+#[utoipa::path(get, path = "/readyz", tag = "ops", responses(
+    (status = 200, description = "ready"),
+    (status = 503, description = "poisoned store or shutting down", body = super::ErrorBody)))]
+pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    if let Some(reason) = s.engine.store().poisoned() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_poisoned",
+            reason,
+        ));
+    }
+    if s.engine.is_shutting_down() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "server is shutting down",
+        ));
+    }
+    Ok(Json(serde_json::json!({"status": "ready"})))
+}
+
+/// Prometheus text exposition (SPEC §8).
+#[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let stats = s.engine.store().queue_stats().await?;
+    let body = s.metrics.render(&stats, Timestamp::now().as_millis());
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    ))
+}

@@ -1,0 +1,468 @@
+//! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
+
+use super::messages::failure;
+use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
+use axum::extract::{Path, State};
+use axum::Json;
+use redrive_core::{ErrorClass, Failure, LastError, Message, MessageId, Timestamp};
+use redrive_storage::{LeaseRef, Nack, StoreError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// A lease request. Every field is optional.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseBody {
+    /// At most this many messages (default 1, at most `max_batch`).
+    pub max: Option<u32>,
+    /// Lease length (default: the queue's `lease`, else 30s; at most `max_lease`).
+    pub lease: Option<String>,
+    /// Long-poll up to this long when nothing is ready (default 0s, at most `max_wait`).
+    pub wait: Option<String>,
+}
+
+/// A leased message.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeasedMessage {
+    /// Message id.
+    pub id: String,
+    /// The lease token to present to ack / nack / extend.
+    pub lease: String,
+    /// This delivery's attempt number (1 = first).
+    pub attempt: u32,
+    /// The payload.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// Headers.
+    pub headers: BTreeMap<String, String>,
+    /// Ordering key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Queue.
+    pub queue: String,
+    /// Priority.
+    pub priority: u8,
+    /// Publish time (RFC 3339).
+    pub created_at: String,
+    /// When the lease expires (RFC 3339).
+    pub lease_expires_at: String,
+    /// The previous attempt's error, on a retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub last_error: Option<LastError>,
+}
+
+/// The answer to a lease request.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeaseResponse {
+    /// Possibly empty.
+    pub messages: Vec<LeasedMessage>,
+}
+
+/// Lease ready messages, optionally long-polling.
+#[utoipa::path(post, path = "/v1/queues/{queue}/leases", tag = "leases",
+    params(("queue" = String, Path, description = "Queue name")),
+    request_body(content = LeaseBody, description = "Optional"),
+    responses((status = 200, body = LeaseResponse), (status = 400, description = "Bad input", body = ErrorBody)))]
+pub async fn lease(
+    State(s): State<AppState>,
+    Path(queue): Path<String>,
+    ApiJson(body): ApiJson<LeaseBody>,
+) -> Result<Json<LeaseResponse>, ApiError> {
+    queue_name(&queue)?;
+    let cfg = s.engine.config();
+    let max = body.max.unwrap_or(1);
+    if max == 0 || max as usize > cfg.max_batch {
+        return Err(ApiError::bad_request(
+            "invalid_max",
+            format!("max: {max} is not in 1..={} (max_batch)", cfg.max_batch),
+        ));
+    }
+    let lease_ms = match &body.lease {
+        Some(l) => {
+            let ms = duration_field("lease", l)?;
+            if ms == 0 || ms > cfg.max_lease.ms() {
+                return Err(ApiError::bad_request(
+                    "invalid_duration",
+                    format!(
+                        "lease: must be above 0s and at most {} (max_lease)",
+                        cfg.max_lease
+                    ),
+                ));
+            }
+            Some(ms)
+        }
+        None => None,
+    };
+    let wait_ms = match &body.wait {
+        Some(w) => {
+            let ms = duration_field("wait", w)?;
+            if ms > cfg.max_wait.ms() {
+                return Err(ApiError::bad_request(
+                    "invalid_duration",
+                    format!("wait: at most {} (max_wait)", cfg.max_wait),
+                ));
+            }
+            ms
+        }
+        None => 0,
+    };
+    let leased = s.engine.lease(&queue, max, lease_ms, wait_ms).await?;
+    let messages = leased
+        .into_iter()
+        .map(|l| LeasedMessage {
+            id: l.message.id.to_string(),
+            lease: l.token,
+            attempt: l.attempt,
+            payload: l.message.payload,
+            headers: l.message.headers,
+            key: l.message.key,
+            queue: l.message.queue,
+            priority: l.message.priority,
+            created_at: l.message.created_at.to_rfc3339(),
+            lease_expires_at: l.expires_at.to_rfc3339(),
+            last_error: l.message.last_error,
+        })
+        .collect();
+    Ok(Json(LeaseResponse { messages }))
+}
+
+/// An ack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    /// The lease token.
+    pub lease: String,
+}
+
+/// The error of a nack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackError {
+    /// `transient`, `rate_limited` or `permanent`.
+    pub class: String,
+    /// What went wrong.
+    pub message: Option<String>,
+    /// For `rate_limited`: earliest retry, e.g. `"10s"` (bounded by the policy's `max_retry_after`).
+    pub retry_after: Option<String>,
+}
+
+/// A nack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackBody {
+    /// The lease token.
+    pub lease: String,
+    /// What went wrong (default: transient, no message).
+    pub error: Option<NackError>,
+}
+
+/// A lease extension.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    /// The lease token.
+    pub lease: String,
+    /// The lease then expires this long from now (never earlier than before).
+    pub by: String,
+}
+
+fn nack_failure(field: &str, e: Option<&NackError>) -> Result<Failure, ApiError> {
+    match e {
+        Some(e) => failure(field, &e.class, e.message.clone(), e.retry_after.as_deref()),
+        None => Ok(Failure {
+            class: ErrorClass::Transient,
+            message: None,
+            retry_after_ms: None,
+            code: None,
+        }),
+    }
+}
+
+fn first<T>(mut v: Vec<Result<T, StoreError>>) -> Result<T, ApiError> {
+    v.pop()
+        .ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "empty result",
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+/// Ack a leased message: it is done.
+#[utoipa::path(post, path = "/v1/messages/{id}/ack", tag = "leases",
+    params(("id" = String, Path, description = "Message id")), request_body = AckBody,
+    responses((status = 200, description = "The message, now done"),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+pub async fn ack(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<AckBody>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    let out = s
+        .engine
+        .ack(vec![LeaseRef {
+            id,
+            token: body.lease,
+        }])
+        .await?;
+    Ok(Json(first(out)?.message))
+}
+
+/// Nack a leased message: the policy schedules a retry or makes it dead.
+#[utoipa::path(post, path = "/v1/messages/{id}/nack", tag = "leases",
+    params(("id" = String, Path, description = "Message id")), request_body = NackBody,
+    responses((status = 200, description = "The message with its new state and due_at or dead_reason"),
+        (status = 400, description = "Bad error class or duration", body = ErrorBody),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+pub async fn nack(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<NackBody>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    let failure = nack_failure("error", body.error.as_ref())?;
+    let out = s
+        .engine
+        .nack(vec![Nack {
+            lease: LeaseRef {
+                id,
+                token: body.lease,
+            },
+            failure,
+        }])
+        .await?;
+    Ok(Json(first(out)?.message))
+}
+
+/// The answer to an extension.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Extended {
+    /// Message id.
+    pub id: String,
+    /// New lease expiry (RFC 3339).
+    pub lease_expires_at: String,
+}
+
+/// Extend a lease.
+#[utoipa::path(post, path = "/v1/messages/{id}/extend", tag = "leases",
+    params(("id" = String, Path, description = "Message id")), request_body = ExtendBody,
+    responses((status = 200, body = Extended),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+pub async fn extend(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExtendBody>,
+) -> Result<Json<Extended>, ApiError> {
+    let id = message_id(&id)?;
+    let by = duration_field("by", &body.by)?;
+    let max = s.engine.config().max_lease;
+    if by == 0 || by > max.ms() {
+        return Err(ApiError::bad_request(
+            "invalid_duration",
+            format!("by: must be above 0s and at most {max} (max_lease)"),
+        ));
+    }
+    let at: Timestamp = s
+        .engine
+        .extend(
+            LeaseRef {
+                id,
+                token: body.lease,
+            },
+            by,
+        )
+        .await?;
+    Ok(Json(Extended {
+        id: id.to_string(),
+        lease_expires_at: at.to_rfc3339(),
+    }))
+}
+
+/// One item of a batch ack or nack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchItem {
+    /// Message id.
+    pub id: String,
+    /// Lease token.
+    pub lease: String,
+    /// Nack only: the error (default transient).
+    pub error: Option<NackError>,
+}
+
+/// A batch ack or nack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// The items, answered in order.
+    pub items: Vec<BatchItem>,
+}
+
+/// One item's answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResult {
+    /// Message id as given.
+    pub id: String,
+    /// The HTTP status this item would have had alone.
+    pub status: u16,
+    /// The message after the transition, on success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub message: Option<Message>,
+    /// The error, on failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<super::error::ErrorDetail>,
+}
+
+/// Answers of a batch, one per item in order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResponse {
+    /// One per item.
+    pub items: Vec<BatchResult>,
+}
+
+fn check_batch(s: &AppState, body: &BatchBody) -> Result<(), ApiError> {
+    let max = s.engine.config().max_batch;
+    if body.items.is_empty() || body.items.len() > max {
+        return Err(ApiError::bad_request(
+            "batch_too_large",
+            format!(
+                "items: {} items, a batch needs 1 to {max} (max_batch)",
+                body.items.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn item_result(id: String, r: Result<Message, ApiError>) -> BatchResult {
+    match r {
+        Ok(m) => BatchResult {
+            id,
+            status: 200,
+            message: Some(m),
+            error: None,
+        },
+        Err(e) => BatchResult {
+            id,
+            status: e.status.as_u16(),
+            message: None,
+            error: Some(e.body().error),
+        },
+    }
+}
+
+/// Run a batch: items whose id does not parse get their own 400; the rest go to the store.
+async fn run_batch<T, F, Fut>(
+    items: Vec<(String, Result<T, ApiError>)>,
+    call: F,
+) -> Result<Json<BatchResponse>, ApiError>
+where
+    F: FnOnce(Vec<T>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Result<Message, StoreError>>, StoreError>>,
+{
+    let mut ids = Vec::with_capacity(items.len());
+    let mut valid = Vec::new();
+    let mut slots: Vec<Option<ApiError>> = Vec::with_capacity(items.len());
+    for (id, parsed) in items {
+        ids.push(id);
+        match parsed {
+            Ok(v) => {
+                valid.push(v);
+                slots.push(None);
+            }
+            Err(e) => slots.push(Some(e)),
+        }
+    }
+    let mut results = call(valid).await?.into_iter();
+    let items = ids
+        .into_iter()
+        .zip(slots)
+        .map(|(id, slot)| match slot {
+            Some(e) => item_result(id, Err(e)),
+            None => {
+                let r = results
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::Backend("missing batch result".into())))
+                    .map_err(ApiError::from);
+                item_result(id, r)
+            }
+        })
+        .collect();
+    Ok(Json(BatchResponse { items }))
+}
+
+fn parse_id(raw: &str) -> Result<MessageId, ApiError> {
+    message_id(raw)
+}
+
+/// Ack many leases; each item answered on its own.
+#[utoipa::path(post, path = "/v1/messages/ack", tag = "leases", request_body = BatchBody,
+    responses((status = 200, body = BatchResponse), (status = 400, description = "Malformed batch", body = ErrorBody)))]
+pub async fn ack_batch(
+    State(s): State<AppState>,
+    ApiJson(body): ApiJson<BatchBody>,
+) -> Result<Json<BatchResponse>, ApiError> {
+    check_batch(&s, &body)?;
+    let items = body
+        .items
+        .into_iter()
+        .map(|i| {
+            let parsed = parse_id(&i.id).map(|id| LeaseRef { id, token: i.lease });
+            (i.id, parsed)
+        })
+        .collect();
+    let engine = s.engine.clone();
+    run_batch(items, |refs| async move {
+        Ok(engine
+            .ack(refs)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|a| a.message))
+            .collect())
+    })
+    .await
+}
+
+/// Nack many leases; each item answered on its own.
+#[utoipa::path(post, path = "/v1/messages/nack", tag = "leases", request_body = BatchBody,
+    responses((status = 200, body = BatchResponse), (status = 400, description = "Malformed batch", body = ErrorBody)))]
+pub async fn nack_batch(
+    State(s): State<AppState>,
+    ApiJson(body): ApiJson<BatchBody>,
+) -> Result<Json<BatchResponse>, ApiError> {
+    check_batch(&s, &body)?;
+    let items = body
+        .items
+        .into_iter()
+        .enumerate()
+        .map(|(n, i)| {
+            let parsed = parse_id(&i.id).and_then(|id| {
+                let failure = nack_failure(&format!("items[{n}].error"), i.error.as_ref())?;
+                Ok(Nack {
+                    lease: LeaseRef { id, token: i.lease },
+                    failure,
+                })
+            });
+            (i.id, parsed)
+        })
+        .collect();
+    let engine = s.engine.clone();
+    run_batch(items, |nacks| async move {
+        Ok(engine
+            .nack(nacks)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|f| f.message))
+            .collect())
+    })
+    .await
+}

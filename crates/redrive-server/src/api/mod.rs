@@ -1,0 +1,231 @@
+//! The HTTP API v1 (SPEC §5), one file per resource.
+//!
+//! Request bodies are parsed by [`ApiJson`]: malformed JSON is a 400
+//! `malformed_json`, an unknown field is a 400 `invalid_body` naming it
+//! (unknown fields are rejected so that a typo such as `"dealy"` is not
+//! silently ignored), a body over `max_request_bytes` is a 413. Every error
+//! is `{"error": {"code", "message"}}`. The OpenAPI document at
+//! `/openapi.json` is generated from the handlers' annotations by
+//! `utoipa-axum`, so it lists exactly the routes that exist.
+
+mod error;
+mod health;
+mod leases;
+mod messages;
+mod queues;
+
+pub use error::{ApiError, ErrorBody};
+
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use redrive_core::{parse_duration_ms, MessageId, Timestamp};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// What every handler gets.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "redrive", description = "Durable retry and dead-letter server. Errors are {\"error\": {\"code\", \"message\"}}."),
+    tags(
+        (name = "messages", description = "Publish, inspect and act on messages"),
+        (name = "leases", description = "Consume: lease, ack, nack, extend"),
+        (name = "queues", description = "Queue counts and policies"),
+        (name = "ops", description = "Health, readiness, metrics")
+    ),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+/// The routes of `/v1` and their OpenAPI document.
+fn v1() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(messages::publish))
+        .routes(routes!(messages::search))
+        .routes(routes!(messages::export))
+        .routes(routes!(messages::get, messages::delete))
+        .routes(routes!(messages::redrive))
+        .routes(routes!(messages::kill))
+        .routes(routes!(leases::lease))
+        .routes(routes!(leases::ack))
+        .routes(routes!(leases::nack))
+        .routes(routes!(leases::extend))
+        .routes(routes!(leases::ack_batch))
+        .routes(routes!(leases::nack_batch))
+        .routes(routes!(queues::list))
+        .routes(routes!(queues::get))
+}
+
+/// The OpenAPI document of every route.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, api) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+        .merge(v1())
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .split_for_parts();
+    api
+}
+
+/// The whole HTTP application.
+pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
+    let state = AppState {
+        engine: engine.clone(),
+        metrics,
+    };
+    let max_body = engine.config().max_request_bytes;
+    let tokens: Arc<Vec<String>> = Arc::new(engine.config().api_tokens.clone());
+    let (v1_router, _) = v1().split_for_parts();
+    let v1_router = v1_router.layer(axum::middleware::from_fn(
+        move |req: Request, next: Next| {
+            let tokens = tokens.clone();
+            async move { authorize(&tokens, req, next).await }
+        },
+    ));
+    let (ops, _) = OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .split_for_parts();
+    let doc = Arc::new(openapi());
+    axum::Router::new()
+        .merge(v1_router)
+        .merge(ops)
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// Bearer-token check for `/v1/*` when tokens are configured.
+async fn authorize(tokens: &[String], req: Request, next: Next) -> Response {
+    if tokens.is_empty() {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(t)
+            if tokens
+                .iter()
+                .any(|k| constant_time_eq(k.as_bytes(), t.as_bytes())) =>
+        {
+            next.run(req).await
+        }
+        _ => {
+            let mut r = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token",
+            )
+            .into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body with redrive's error answers; an empty body counts as `{}`.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    "request body exceeds max_request_bytes",
+                )
+            } else {
+                ApiError::bad_request("malformed_body", e.body_text())
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parse a JSON body; empty means `{}`.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+        } else {
+            ApiError::bad_request("invalid_body", e.to_string())
+        }
+    })
+}
+
+/// Parse a duration field, naming it on error.
+pub fn duration_field(field: &str, value: &str) -> Result<u64, ApiError> {
+    parse_duration_ms(value)
+        .map_err(|e| ApiError::bad_request("invalid_duration", format!("{field}: {e}")))
+}
+
+/// Parse a timestamp field, naming it on error.
+pub fn timestamp_field(field: &str, value: &str) -> Result<Timestamp, ApiError> {
+    Timestamp::parse(value)
+        .map_err(|e| ApiError::bad_request("invalid_timestamp", format!("{field}: {e}")))
+}
+
+/// Parse a message id from the path.
+pub fn message_id(raw: &str) -> Result<MessageId, ApiError> {
+    raw.parse()
+        .map_err(|e: redrive_core::IdError| ApiError::bad_request("invalid_id", e.to_string()))
+}
+
+/// Check a queue name from the path.
+pub fn queue_name(raw: &str) -> Result<(), ApiError> {
+    redrive_core::validate_queue_name(raw)
+        .map_err(|e| ApiError::bad_request("invalid_queue", e.to_string()))
+}

@@ -1,0 +1,438 @@
+//! Configuration: built-in defaults ← TOML file ← `REDRIVE_*` environment ← flags.
+//!
+//! Every key, its default and its meaning is in `redrive.example.toml` at the
+//! repository root. A bad key or value is refused at start with an error that
+//! names it (`deny_unknown_fields` everywhere).
+
+use redrive_core::{
+    DurationMs, OnDead, Ordering, PolicyError, QueueCatalog, QueueSettings, RetryPolicyConfig,
+};
+use redrive_storage::Durability;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// A configuration that cannot be used. The message names the key, flag or variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file, an environment variable or a flag has a bad key or value.
+    #[error("{origin}: {message}")]
+    Invalid {
+        /// Where: the file, `environment` or `flags`.
+        origin: String,
+        /// What, naming the key.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("config key {key}: {reason}")]
+    Value {
+        /// The key, dotted (`queues.orders.retry.max_attempts`).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// `durability` as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DurabilityName {
+    /// fsync every commit (default).
+    #[default]
+    Fsync,
+    /// No fsync: a 2xx may be lost in an OS crash or power loss.
+    UnsafeBuffered,
+}
+
+impl From<DurabilityName> for Durability {
+    fn from(d: DurabilityName) -> Self {
+        match d {
+            DurabilityName::Fsync => Durability::Fsync,
+            DurabilityName::UnsafeBuffered => Durability::UnsafeBuffered,
+        }
+    }
+}
+
+/// One `[queues.NAME]` section (or `[queues.default]`). Unset keys inherit from
+/// `[queues.default]`, then from the built-in defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Default lease length when a lease request gives none.
+    pub lease: Option<DurationMs>,
+    /// `none` or `key`.
+    pub ordering: Option<Ordering>,
+    /// `skip` or `block` (with `ordering = "key"`).
+    pub on_dead: Option<OnDead>,
+    /// Retry policy keys.
+    #[serde(default)]
+    pub retry: RetryPolicyConfig,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Directory of the embedded store.
+    pub data_dir: PathBuf,
+    /// `fsync` (default) or `unsafe-buffered`.
+    pub durability: DurabilityName,
+    /// Bearer tokens accepted on `/v1/*`. Empty: no authentication.
+    pub api_tokens: Vec<String>,
+    /// Allow listening on a non-loopback address without any API token.
+    pub dangerous_allow_unauthenticated_public_listen: bool,
+    /// Largest payload of one message, in bytes of its JSON text.
+    pub max_payload_bytes: usize,
+    /// Largest request body, in bytes.
+    pub max_request_bytes: usize,
+    /// Most messages in one batch publish, batch ack/nack or lease.
+    pub max_batch: usize,
+    /// Longest `wait` a lease request may long-poll.
+    pub max_wait: DurationMs,
+    /// Longest lease (and lease extension).
+    pub max_lease: DurationMs,
+    /// How long an idempotency key is remembered.
+    pub idempotency_window: DurationMs,
+    /// How long done messages are kept before they are purged.
+    pub done_retention: DurationMs,
+    /// How often done messages and expired idempotency keys are purged.
+    pub purge_interval: DurationMs,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    pub shutdown_grace: DurationMs,
+    /// Log filter (`tracing` env-filter syntax), e.g. `info` or `redrive=debug`.
+    pub log: String,
+    /// Per-queue settings; `default` applies to every queue without a section.
+    pub queues: BTreeMap<String, QueueConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            data_dir: PathBuf::from("./redrive-data"),
+            durability: DurabilityName::Fsync,
+            api_tokens: Vec::new(),
+            dangerous_allow_unauthenticated_public_listen: false,
+            max_payload_bytes: 1 << 20,
+            max_request_bytes: 16 << 20,
+            max_batch: 1_000,
+            max_wait: DurationMs(30_000),
+            max_lease: DurationMs(12 * 3_600_000),
+            idempotency_window: DurationMs(24 * 3_600_000),
+            done_retention: DurationMs(24 * 3_600_000),
+            purge_interval: DurationMs(60_000),
+            shutdown_grace: DurationMs(10_000),
+            log: "info".to_owned(),
+            queues: BTreeMap::new(),
+        }
+    }
+}
+
+/// The built-in default lease when neither the request nor the queue sets one.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+
+/// Top-level keys that `REDRIVE_<KEY>` environment variables may set.
+const ENV_KEYS: &[&str] = &[
+    "listen",
+    "data_dir",
+    "durability",
+    "api_tokens",
+    "dangerous_allow_unauthenticated_public_listen",
+    "max_payload_bytes",
+    "max_request_bytes",
+    "max_batch",
+    "max_wait",
+    "max_lease",
+    "idempotency_window",
+    "done_retention",
+    "purge_interval",
+    "shutdown_grace",
+    "log",
+];
+
+/// Values given on the command line; they win over file and environment.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// Load: defaults ← `file` ← `env` (pairs of `REDRIVE_*` variables) ← `overrides`,
+    /// then validate. `env` is usually `std::env::vars()`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Invalid {
+                        origin: format!("config file {}", path.display()),
+                        message: e.to_string(),
+                    })?
+            }
+            None => toml::Table::new(),
+        };
+        let file_origin = file.map(|p| format!("config file {}", p.display()));
+        let mut env_set = false;
+        for (name, value) in env {
+            let Some(key) = name.strip_prefix("REDRIVE_") else {
+                continue;
+            };
+            let key = key.to_ascii_lowercase();
+            if key == "config" {
+                continue; // handled by the binary
+            }
+            if !ENV_KEYS.contains(&key.as_str()) {
+                return Err(ConfigError::Invalid {
+                    origin: "environment".into(),
+                    message: format!(
+                        "unknown variable {name} (known: {})",
+                        ENV_KEYS
+                            .iter()
+                            .map(|k| format!("REDRIVE_{}", k.to_uppercase()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            table.insert(key.clone(), env_value(&key, &value));
+            env_set = true;
+        }
+        if let Some(l) = &overrides.listen {
+            table.insert("listen".into(), toml::Value::String(l.clone()));
+        }
+        if let Some(d) = &overrides.data_dir {
+            table.insert(
+                "data_dir".into(),
+                toml::Value::String(d.display().to_string()),
+            );
+        }
+        let origin = match (&file_origin, env_set) {
+            (Some(f), true) => format!("{f} (with REDRIVE_* environment and flags)"),
+            (Some(f), false) => f.clone(),
+            (None, _) => "environment and flags".to_owned(),
+        };
+        let config: Config =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                    origin,
+                    message: e.to_string().trim().to_owned(),
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Check values and resolve every queue's policy once, so a bad one fails at start.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let val = |key: &str, reason: &str| {
+            Err(ConfigError::Value {
+                key: key.into(),
+                reason: reason.into(),
+            })
+        };
+        if self.max_batch == 0 {
+            return val("max_batch", "must be at least 1");
+        }
+        if self.max_payload_bytes == 0 || self.max_request_bytes < self.max_payload_bytes {
+            return val(
+                "max_request_bytes",
+                "must be at least max_payload_bytes (and both above 0)",
+            );
+        }
+        if self.max_lease.ms() == 0 {
+            return val("max_lease", "must be greater than 0s");
+        }
+        if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
+            return val("api_tokens", "every token must have at least 16 characters");
+        }
+        for name in self.queues.keys() {
+            if name != "default" {
+                redrive_core::validate_queue_name(name).map_err(|e| ConfigError::Value {
+                    key: format!("queues.{name}"),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        for name in self.queues.keys().map(String::as_str).chain(["default"]) {
+            let s = self.queue_settings_checked(name)?;
+            if let Some(lease) = self.queue_lease_ms(name) {
+                if lease == 0 || lease > self.max_lease.ms() {
+                    return val(
+                        &format!("queues.{name}.lease"),
+                        "must be above 0s and at most max_lease",
+                    );
+                }
+            }
+            let _ = s;
+        }
+        Ok(())
+    }
+
+    /// Whether the listen address is loopback.
+    pub fn listens_on_loopback(&self) -> bool {
+        self.listen.ip().is_loopback()
+    }
+
+    fn queue_settings_checked(&self, queue: &str) -> Result<QueueSettings, ConfigError> {
+        let default = self.queues.get("default").cloned().unwrap_or_default();
+        let own = self.queues.get(queue).cloned().unwrap_or_default();
+        let retry = own.retry.over(&default.retry).resolve().map_err(|e| {
+            let section = if self.queues.contains_key(queue) {
+                queue
+            } else {
+                "default"
+            };
+            ConfigError::Value {
+                key: format!("queues.{section}.{}", policy_key(&e)),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(QueueSettings {
+            retry,
+            ordering: own.ordering.or(default.ordering).unwrap_or_default(),
+            on_dead: own.on_dead.or(default.on_dead).unwrap_or_default(),
+        })
+    }
+
+    /// The effective settings of `queue` (its section over `[queues.default]` over built-ins).
+    pub fn queue_settings(&self, queue: &str) -> QueueSettings {
+        self.queue_settings_checked(queue).unwrap_or_default()
+    }
+
+    /// The queue's configured default lease, if any (its own, else `[queues.default]`).
+    pub fn queue_lease_ms(&self, queue: &str) -> Option<u64> {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.lease)
+            .or_else(|| self.queues.get("default").and_then(|q| q.lease))
+            .map(|d| d.ms())
+    }
+
+    /// Every queue's settings, for the store.
+    pub fn catalog(&self) -> QueueCatalog {
+        let named: HashMap<String, QueueSettings> = self
+            .queues
+            .keys()
+            .filter(|n| *n != "default")
+            .map(|n| (n.clone(), self.queue_settings(n)))
+            .collect();
+        QueueCatalog::new(self.queue_settings("default"), named)
+    }
+}
+
+fn policy_key(e: &PolicyError) -> String {
+    match e {
+        PolicyError::UnknownPreset(_) => "retry.preset".into(),
+        PolicyError::Invalid { key, .. } => format!("retry.{key}"),
+    }
+}
+
+/// An environment value as TOML: numbers, booleans and arrays parse as such, anything
+/// else is a string. `REDRIVE_API_TOKENS=a,b` is a list.
+fn env_value(key: &str, raw: &str) -> toml::Value {
+    if key == "api_tokens" {
+        return toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.into()))
+                .collect(),
+        );
+    }
+    if let Ok(t) = format!("v = {raw}").parse::<toml::Table>() {
+        if let Some(v) = t.get("v") {
+            if !v.is_str() {
+                return v.clone();
+            }
+        }
+    }
+    toml::Value::String(raw.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, toml_text).unwrap();
+        Config::load(
+            Some(&p),
+            env.iter().map(|(a, b)| (a.to_string(), b.to_string())),
+            &Overrides::default(),
+        )
+    }
+
+    #[test]
+    fn empty_config_is_the_defaults() {
+        let c = Config::load(None, Vec::new(), &Overrides::default()).unwrap();
+        assert_eq!(c, Config::default());
+        assert!(c.listens_on_loopback());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = load("listne = \"x\"", &[]).unwrap_err().to_string();
+        assert!(e.contains("listne"), "{e}");
+        let e = load("[queues.orders.retry]\nmax_attempt = 3", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_attempt"), "{e}");
+        let e = load("", &[("REDRIVE_LISTN", "x")]).unwrap_err().to_string();
+        assert!(e.contains("REDRIVE_LISTN"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = load("[queues.orders.retry]\nmultiplier = 0.1", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("queues.orders.retry.multiplier"), "{e}");
+        let e = load("max_wait = \"soon\"", &[]).unwrap_err().to_string();
+        assert!(e.contains("max_wait") || e.contains("soon"), "{e}");
+        let e = load("[queues.\"bad name\"]\nordering = \"key\"", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("queues.bad name"), "{e}");
+    }
+
+    #[test]
+    fn layers_file_env_flags() {
+        let c = load(
+            "listen = \"127.0.0.1:1\"\n[queues.default.retry]\nmax_attempts = 3\n[queues.orders]\nordering = \"key\"\n[queues.orders.retry]\npreset = \"svix\"",
+            &[("REDRIVE_LISTEN", "127.0.0.1:2"), ("REDRIVE_MAX_BATCH", "7")],
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 2);
+        assert_eq!(c.max_batch, 7);
+        let s = c.queue_settings("orders");
+        assert_eq!(s.ordering, Ordering::Key);
+        assert_eq!(
+            s.retry.max_attempts, 3,
+            "default section's max_attempts wins over the preset's"
+        );
+        assert_eq!(c.queue_settings("other").retry.max_attempts, 3);
+    }
+}

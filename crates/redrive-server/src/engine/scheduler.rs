@@ -1,0 +1,105 @@
+//! Background services: the scheduler (promotion of due messages and the lease
+//! reaper, one loop) and the purger.
+//!
+//! The scheduler does not poll. The store publishes a *wake hint* — the
+//! earliest scheduled due time or lease expiry it knows of — and the scheduler
+//! sleeps exactly until then (or until a write makes the hint earlier), calls
+//! [`redrive_storage::Store::tick`], wakes the consumers of every queue that
+//! got ready messages, and sleeps again until the tick's answer. Memory holds
+//! one timestamp, whatever the number of scheduled messages.
+
+use super::Engine;
+use redrive_core::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// After a failed tick (e.g. a poisoned store) wait this long before trying again.
+const TICK_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// Handles of the background tasks.
+#[derive(Debug)]
+pub struct Background {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    /// Stop the tasks and wait for them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Start the scheduler and the purger.
+pub fn start(engine: Arc<Engine>) -> Background {
+    let (stop, stop_rx) = watch::channel(false);
+    let tasks = vec![
+        tokio::spawn(scheduler_loop(engine.clone(), stop_rx.clone())),
+        tokio::spawn(purge_loop(engine, stop_rx)),
+    ];
+    Background { stop, tasks }
+}
+
+async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut hint = engine.store().wake_hint();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let next = *hint.borrow_and_update();
+        let now = Timestamp::now();
+        match next {
+            Some(at) if at <= now => {
+                if let Err(e) = engine.tick(now).await {
+                    tracing::error!(error = %e, "scheduler tick failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(TICK_RETRY_DELAY) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                // The tick set the hint to its exact next wake; loop to read it.
+                // If the hint did not change (it can only be an earlier value written
+                // concurrently), the next iteration handles it.
+            }
+            Some(at) => {
+                let wait = Duration::from_millis(at.millis_since(now).max(0) as u64);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    r = hint.changed() => if r.is_err() { return },
+                    _ = stop.changed() => return,
+                }
+            }
+            None => {
+                tokio::select! {
+                    r = hint.changed() => if r.is_err() { return },
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+async fn purge_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_millis(engine.config().purge_interval.ms().max(1_000));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        loop {
+            match engine.purge(Timestamp::now()).await {
+                Ok(more) if more => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "purge failed");
+                    break;
+                }
+            }
+        }
+    }
+}

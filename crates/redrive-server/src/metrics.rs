@@ -1,0 +1,330 @@
+//! Prometheus metrics (SPEC §8). Labels stay low-cardinality: queue, state,
+//! outcome, error class, reason — never a message id.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use redrive_core::State;
+use redrive_storage::{FailureOutcome, QueueStats};
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    queue: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    queue: String,
+    error_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    queue: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    queue: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    queue: String,
+    result: &'static str,
+}
+
+/// Every metric redrive exports.
+pub struct Metrics {
+    registry: Registry,
+    published: Family<QueueLabel, Counter>,
+    deliveries: Family<OutcomeLabels, Counter>,
+    retries: Family<ClassLabels, Counter>,
+    retry_delay: Family<QueueLabel, Histogram>,
+    dead_letters: Family<ReasonLabels, Counter>,
+    finished: Family<ResultLabels, Counter>,
+    queue_messages: Family<StateLabels, Gauge>,
+    oldest_ready_age: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    lateness: Histogram,
+    commit_batch: Histogram,
+    commit_seconds: Histogram,
+    commits: Counter,
+    commit_changes: Counter,
+    done_purged: Family<QueueLabel, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Bucket bounds of delay-like histograms, seconds: 1 ms … 1 day.
+const DELAY_BUCKETS: [f64; 16] = [
+    0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0,
+    21600.0, 86400.0,
+];
+/// Bucket bounds of lateness, seconds: 0.5 ms … 10 s (the scheduler aims at milliseconds).
+const LATENESS_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Bucket bounds of commit duration, seconds.
+const COMMIT_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+];
+/// Bucket bounds of transitions per commit.
+const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+impl Metrics {
+    /// Register every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let published = Family::<QueueLabel, Counter>::default();
+        registry.register(
+            "redrive_messages_published",
+            "Messages published (idempotent replays excluded)",
+            published.clone(),
+        );
+        let deliveries = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "redrive_deliveries",
+            "Deliveries by outcome: leased, acked, nacked, lease_expired",
+            deliveries.clone(),
+        );
+        let retries = Family::<ClassLabels, Counter>::default();
+        registry.register(
+            "redrive_retries",
+            "Retries scheduled, by the failure's class",
+            retries.clone(),
+        );
+        let retry_delay =
+            Family::<QueueLabel, Histogram>::new_with_constructor(|| Histogram::new(DELAY_BUCKETS));
+        registry.register(
+            "redrive_retry_delay_seconds",
+            "Delay chosen before a retry",
+            retry_delay.clone(),
+        );
+        let dead_letters = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "redrive_dead_letters",
+            "Messages that became dead, by reason",
+            dead_letters.clone(),
+        );
+        let finished = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "redrive_messages_finished",
+            "Messages finished: first_try, after_retry (acked) or dead",
+            finished.clone(),
+        );
+        let queue_messages = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "redrive_queue_messages",
+            "Messages per queue and state",
+            queue_messages.clone(),
+        );
+        let oldest_ready_age = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "redrive_oldest_ready_age_seconds",
+            "Age of the oldest ready message (now − its due time)",
+            oldest_ready_age.clone(),
+        );
+        let lateness = Histogram::new(LATENESS_BUCKETS);
+        registry.register(
+            "redrive_delivery_lateness_seconds",
+            "Lease time minus due time of each delivery",
+            lateness.clone(),
+        );
+        let commit_batch = Histogram::new(BATCH_BUCKETS);
+        registry.register(
+            "redrive_commit_batch_size",
+            "Transitions per storage commit",
+            commit_batch.clone(),
+        );
+        let commit_seconds = Histogram::new(COMMIT_BUCKETS);
+        registry.register(
+            "redrive_commit_seconds",
+            "Duration of one storage commit (fsync included)",
+            commit_seconds.clone(),
+        );
+        let commits = Counter::default();
+        registry.register(
+            "redrive_commits",
+            "Storage commits (one fsync each in durable mode)",
+            commits.clone(),
+        );
+        let commit_changes = Counter::default();
+        registry.register(
+            "redrive_commit_changes",
+            "Transitions committed",
+            commit_changes.clone(),
+        );
+        let done_purged = Family::<QueueLabel, Counter>::default();
+        registry.register(
+            "redrive_done_purged",
+            "Done messages deleted after done_retention",
+            done_purged.clone(),
+        );
+        Self {
+            registry,
+            published,
+            deliveries,
+            retries,
+            retry_delay,
+            dead_letters,
+            finished,
+            queue_messages,
+            oldest_ready_age,
+            lateness,
+            commit_batch,
+            commit_seconds,
+            commits,
+            commit_changes,
+            done_purged,
+        }
+    }
+
+    fn q(queue: &str) -> QueueLabel {
+        QueueLabel {
+            queue: queue.to_owned(),
+        }
+    }
+
+    /// A storage commit of `n` transitions took `secs`.
+    pub fn observe_commit(&self, n: usize, secs: f64) {
+        self.commit_batch.observe(n as f64);
+        self.commit_seconds.observe(secs);
+        self.commits.inc();
+        self.commit_changes.inc_by(n as u64);
+    }
+
+    /// `n` messages were published to `queue`.
+    pub fn published(&self, queue: &str, n: u64) {
+        self.published.get_or_create(&Self::q(queue)).inc_by(n);
+    }
+
+    /// A message was leased `lateness_ms` after it was due.
+    pub fn leased(&self, queue: &str, lateness_ms: i64) {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                queue: queue.to_owned(),
+                outcome: "leased",
+            })
+            .inc();
+        self.lateness.observe(lateness_ms.max(0) as f64 / 1000.0);
+    }
+
+    /// A delivery was acked on its `attempts`-th attempt.
+    pub fn acked(&self, queue: &str, attempts: u32) {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                queue: queue.to_owned(),
+                outcome: "acked",
+            })
+            .inc();
+        let result = if attempts <= 1 {
+            "first_try"
+        } else {
+            "after_retry"
+        };
+        self.finished
+            .get_or_create(&ResultLabels {
+                queue: queue.to_owned(),
+                result,
+            })
+            .inc();
+    }
+
+    /// A failed attempt (nack, expired lease, or a failure reported at publish) and its outcome.
+    pub fn failed(&self, outcome: &FailureOutcome, delivery_outcome: Option<&'static str>) {
+        let queue = &outcome.message.queue;
+        if let Some(o) = delivery_outcome {
+            self.deliveries
+                .get_or_create(&OutcomeLabels {
+                    queue: queue.clone(),
+                    outcome: o,
+                })
+                .inc();
+        }
+        if let Some(delay) = outcome.retry_delay_ms {
+            self.retries
+                .get_or_create(&ClassLabels {
+                    queue: queue.clone(),
+                    error_class: outcome.class.as_str(),
+                })
+                .inc();
+            self.retry_delay
+                .get_or_create(&Self::q(queue))
+                .observe(delay as f64 / 1000.0);
+        }
+        if let Some(reason) = outcome.dead_reason {
+            self.dead(queue, reason.as_str());
+        }
+    }
+
+    /// A message became dead.
+    pub fn dead(&self, queue: &str, reason: &'static str) {
+        self.dead_letters
+            .get_or_create(&ReasonLabels {
+                queue: queue.to_owned(),
+                reason,
+            })
+            .inc();
+        self.finished
+            .get_or_create(&ResultLabels {
+                queue: queue.to_owned(),
+                result: "dead",
+            })
+            .inc();
+    }
+
+    /// Done messages were purged.
+    pub fn purged(&self, queue: &str, n: u64) {
+        self.done_purged.get_or_create(&Self::q(queue)).inc_by(n);
+    }
+
+    /// Render the text exposition, refreshing the queue gauges from `stats`.
+    pub fn render(&self, stats: &[QueueStats], now_ms: i64) -> String {
+        self.queue_messages.clear();
+        self.oldest_ready_age.clear();
+        for s in stats {
+            for st in State::ALL {
+                self.queue_messages
+                    .get_or_create(&StateLabels {
+                        queue: s.queue.clone(),
+                        state: st.as_str(),
+                    })
+                    .set(s.count(st) as i64);
+            }
+            let age = s
+                .oldest_ready_due
+                .map_or(0.0, |d| (now_ms - d.as_millis()).max(0) as f64 / 1000.0);
+            self.oldest_ready_age
+                .get_or_create(&Self::q(&s.queue))
+                .set(age);
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.push_str("# encoding failed\n");
+        }
+        out
+    }
+}
