@@ -436,3 +436,21 @@ mod tests {
         assert_eq!(c.queue_settings("other").retry.max_attempts, 3);
     }
 }
+
+#[cfg(test)]
+mod example_config {
+    use super::*;
+
+    /// `redrive.example.toml` loads, and every value in it is the built-in default.
+    #[test]
+    fn example_config_is_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../redrive.example.toml");
+        let c = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap();
+        let d = Config::default();
+        assert_eq!(c.queue_settings("any"), d.queue_settings("any"));
+        assert_eq!(c.queue_settings("any").retry, redrive_core::RetryPolicy::default());
+        let mut c_no_queues = c;
+        c_no_queues.queues = Default::default();
+        assert_eq!(c_no_queues, d);
+    }
+}
