@@ -62,7 +62,9 @@ impl serde::Serialize for DurationMs {
 impl<'de> serde::Deserialize<'de> for DurationMs {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        parse_duration_ms(&s).map(DurationMs).map_err(serde::de::Error::custom)
+        parse_duration_ms(&s)
+            .map(DurationMs)
+            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -51,7 +51,12 @@ pub struct Failure {
 impl Failure {
     /// A failure of `class` with a message.
     pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
-        Self { class, message: Some(message.into()), retry_after_ms: None, code: None }
+        Self {
+            class,
+            message: Some(message.into()),
+            retry_after_ms: None,
+            code: None,
+        }
     }
 
     /// The failure redrive records when a lease runs out before an ack or nack.

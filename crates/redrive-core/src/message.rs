@@ -31,8 +31,13 @@ pub enum State {
 
 impl State {
     /// Every state, in lifecycle order.
-    pub const ALL: [State; 5] =
-        [State::Scheduled, State::Ready, State::Leased, State::Done, State::Dead];
+    pub const ALL: [State; 5] = [
+        State::Scheduled,
+        State::Ready,
+        State::Leased,
+        State::Done,
+        State::Dead,
+    ];
 
     /// The snake_case name.
     pub fn as_str(self) -> &'static str {
@@ -93,9 +98,14 @@ impl DeadReason {
 
     /// Parse the snake_case name.
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::MaxAttempts, Self::MaxAge, Self::PermanentError, Self::Killed]
-            .into_iter()
-            .find(|r| r.as_str() == s)
+        [
+            Self::MaxAttempts,
+            Self::MaxAge,
+            Self::PermanentError,
+            Self::Killed,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
     }
 }
 
@@ -265,7 +275,9 @@ mod tests {
             attempt: 2,
             at: Timestamp::from_millis(0),
             leased_at: None,
-            event: HistoryEvent::Killed { reason: Some("bad".into()) },
+            event: HistoryEvent::Killed {
+                reason: Some("bad".into()),
+            },
         };
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["event"], "killed");

@@ -41,7 +41,11 @@ pub struct QueueSettings {
 
 impl Default for QueueSettings {
     fn default() -> Self {
-        Self { retry: RetryPolicy::default(), ordering: Ordering::None, on_dead: OnDead::Skip }
+        Self {
+            retry: RetryPolicy::default(),
+            ordering: Ordering::None,
+            on_dead: OnDead::Skip,
+        }
     }
 }
 

@@ -38,7 +38,11 @@ impl Timestamp {
 
     /// This instant plus `ms` milliseconds (saturating).
     pub const fn plus_ms(self, ms: u64) -> Self {
-        let ms = if ms > i64::MAX as u64 { i64::MAX } else { ms as i64 };
+        let ms = if ms > i64::MAX as u64 {
+            i64::MAX
+        } else {
+            ms as i64
+        };
         Self(self.0.saturating_add(ms))
     }
 
