@@ -33,6 +33,6 @@ pub use error::StoreError;
 pub use filter::{MessageFilter, Page};
 pub use sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use store::{
-    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    QueueStats, Store, TickOutcome, CommitStats,
+    Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
+    PurgeOutcome, QueueStats, Store, TickOutcome,
 };

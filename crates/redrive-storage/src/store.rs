@@ -1,7 +1,9 @@
 //! The storage contract.
 
 use crate::{MessageFilter, Page, StoreError};
-use redrive_core::{DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State, Timestamp};
+use redrive_core::{
+    DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State, Timestamp,
+};
 use tokio::sync::watch;
 
 /// A request for up to `max` ready messages of `queue`.
@@ -125,7 +127,11 @@ impl QueueStats {
 pub trait Store: Send + Sync + 'static {
     /// Insert messages, all or nothing. Idempotency keys are checked against the window;
     /// a replay returns the original with `replayed = true`.
-    async fn publish(&self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError>;
+    async fn publish(
+        &self,
+        items: Vec<NewMessage>,
+        now: Timestamp,
+    ) -> Result<Vec<Published>, StoreError>;
 
     /// Lease up to `max` ready messages: highest priority first, then earliest due,
     /// then oldest; under `ordering = "key"` only the head of each key.
@@ -133,19 +139,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Ack leased messages; one result per item. Acking an already-acked message with
     /// its last token succeeds again (a retried request).
-    async fn ack(&self, items: Vec<LeaseRef>, now: Timestamp) -> Result<Vec<Result<Acked, StoreError>>, StoreError>;
+    async fn ack(
+        &self,
+        items: Vec<LeaseRef>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Acked, StoreError>>, StoreError>;
 
     /// Nack leased messages; the policy decides retry or dead. One result per item.
-    async fn nack(&self, items: Vec<Nack>, now: Timestamp) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
+    async fn nack(
+        &self,
+        items: Vec<Nack>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
 
     /// Extend a lease to `now + by_ms` (never shortening it). Returns the new expiry.
-    async fn extend(&self, lease: LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError>;
+    async fn extend(
+        &self,
+        lease: LeaseRef,
+        by_ms: u64,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError>;
 
     /// Make a dead or scheduled message ready now, with a fresh attempt budget.
     async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError>;
 
     /// Make a scheduled, ready or leased message dead with reason `killed`.
-    async fn kill(&self, id: MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError>;
+    async fn kill(
+        &self,
+        id: MessageId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError>;
 
     /// Remove a message (any state) and its idempotency record.
     async fn delete(&self, id: MessageId) -> Result<Message, StoreError>;
@@ -156,13 +180,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Delete done messages finished before `now - done_retention_ms` and expired
     /// idempotency records. Dead messages are never purged here.
-    async fn purge(&self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError>;
+    async fn purge(
+        &self,
+        now: Timestamp,
+        done_retention_ms: u64,
+    ) -> Result<PurgeOutcome, StoreError>;
 
     /// One message with its history.
     async fn get(&self, id: MessageId) -> Result<Option<Message>, StoreError>;
 
     /// Messages matching `filter`, newest first, `limit` at a time.
-    async fn search(&self, filter: MessageFilter, limit: u32, cursor: Option<String>) -> Result<Page, StoreError>;
+    async fn search(
+        &self,
+        filter: MessageFilter,
+        limit: u32,
+        cursor: Option<String>,
+    ) -> Result<Page, StoreError>;
 
     /// Counts per state of every queue that has messages.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;

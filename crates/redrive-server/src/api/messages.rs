@@ -2,8 +2,7 @@
 //! export, redrive, kill, delete).
 
 use super::{
-    duration_field, message_id, parse_json, queue_name, timestamp_field, ApiError, ApiJson,
-    AppState, ErrorBody,
+    duration_field, message_id, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
 };
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
@@ -220,10 +219,9 @@ fn prefix_colon(prefix: &str) -> String {
 pub async fn publish(
     State(s): State<AppState>,
     Path(queue): Path<String>,
-    body: Bytes,
+    ApiJson(value): ApiJson<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     queue_name(&queue)?;
-    let value: serde_json::Value = parse_json(&body)?;
     let now = Timestamp::now();
     let is_batch = value
         .as_object()

@@ -197,13 +197,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     } else {
         bytes
     };
-    serde_json::from_slice(bytes).map_err(|e| {
-        if e.is_syntax() || e.is_eof() {
-            ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
-        } else {
-            ApiError::bad_request("invalid_body", e.to_string())
-        }
-    })
+    // Check the syntax of the whole body first: deserializing straight into `T` would
+    // report a truncated body as e.g. an unknown field (the first key it read).
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
+    })?;
+    serde_json::from_value(value).map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))
 }
 
 /// Parse a duration field, naming it on error.

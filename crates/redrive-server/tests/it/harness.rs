@@ -1,18 +1,36 @@
-//! Start a real server for a test.
+//! Start a real server for a test, and small helpers to drive it over HTTP.
 
 use redrive_server::{Config, Server};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use tokio::sync::oneshot;
+
+/// A test config: small limits and fast, deterministic retries (fixed 50 ms, no
+/// jitter), so a retry comes back within a long poll and bad-size cases are cheap.
+pub const FAST: &str = r#"
+max_payload_bytes = 1024
+max_request_bytes = 4096
+max_batch = 20
+[queues.default.retry]
+max_attempts = 3
+backoff = "fixed"
+initial_delay = "50ms"
+jitter = "none"
+"#;
 
 /// A running server; shut down (gracefully) on drop of `stop`.
 pub struct TestServer {
     pub addr: SocketAddr,
     pub client: reqwest::Client,
     pub _dir: tempfile::TempDir,
+    /// Bearer token sent by every helper, if set.
+    pub token: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// Answer of a request: status and JSON body (`Null` if the body is not JSON).
+pub type Answer = (u16, Value);
 
 impl TestServer {
     /// Start with the default config plus `toml` (may be empty).
@@ -40,56 +58,174 @@ impl TestServer {
             addr,
             client: reqwest::Client::new(),
             _dir: dir,
+            token: None,
             stop: Some(tx),
             task: Some(task),
         }
+    }
+
+    /// Start with [`FAST`] followed by `extra` (queue sections, …; top-level keys must
+    /// go before [`FAST`], whose last lines are a table).
+    pub async fn fast(extra: &str) -> TestServer {
+        Self::start(&format!("{FAST}\n{extra}")).await
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// POST JSON, return (status, body).
-    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+    /// A request builder with the bearer token, if any.
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let b = self.client.request(method, self.url(path));
+        match &self.token {
+            Some(t) => b.bearer_auth(t),
+            None => b,
+        }
     }
 
-    /// POST a raw body.
-    pub async fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+    async fn answer(r: reqwest::Response) -> Answer {
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Send a request; the body is JSON when given.
+    pub async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Answer {
+        let mut b = self.req(method, path);
+        if let Some(body) = body {
+            b = b.json(&body);
+        }
+        Self::answer(b.send().await.unwrap()).await
+    }
+
+    /// Send a request and return status, content type and raw text.
+    pub async fn send_text(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> (u16, String, String) {
+        let mut b = self.req(method, path);
+        if let Some(body) = body {
+            b = b
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        let r = b.send().await.unwrap();
+        let status = r.status().as_u16();
+        let ctype = r
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        (status, ctype, r.text().await.unwrap())
+    }
+
+    /// POST JSON, return (status, body).
+    pub async fn post(&self, path: &str, body: Value) -> Answer {
+        self.send(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// POST a raw body (sent as `application/json`, whatever it holds).
+    pub async fn post_raw(&self, path: &str, body: &str) -> Answer {
         let r = self
-            .client
-            .post(self.url(path))
+            .req(reqwest::Method::POST, path)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_owned())
             .send()
             .await
             .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        Self::answer(r).await
     }
 
-    pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(self.url(path)).send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(reqwest::Method::GET, path, None).await
     }
 
     pub async fn get_text(&self, path: &str) -> (u16, String) {
-        let r = self.client.get(self.url(path)).send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
+        let (st, _, text) = self.send_text(reqwest::Method::GET, path, None).await;
+        (st, text)
     }
 
-    pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let r = self.client.delete(self.url(path)).send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+    pub async fn delete(&self, path: &str) -> Answer {
+        self.send(reqwest::Method::DELETE, path, None).await
+    }
+
+    // ---- API helpers that assert the success status and return the body ----
+
+    /// Publish (single or batch body) and expect 201.
+    pub async fn publish(&self, queue: &str, body: Value) -> Value {
+        let (st, m) = self
+            .post(&format!("/v1/queues/{queue}/messages"), body)
+            .await;
+        assert_eq!(st, 201, "publish to {queue}: {m}");
+        m
+    }
+
+    /// Publish `{"payload": payload}` and return the id.
+    pub async fn publish_payload(&self, queue: &str, payload: Value) -> String {
+        id_of(&self.publish(queue, json!({ "payload": payload })).await)
+    }
+
+    /// Lease with `body`, expect 200, return the leased messages.
+    pub async fn lease(&self, queue: &str, body: Value) -> Vec<Value> {
+        let (st, l) = self.post(&format!("/v1/queues/{queue}/leases"), body).await;
+        assert_eq!(st, 200, "lease from {queue}: {l}");
+        l["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no messages array: {l}"))
+            .clone()
+    }
+
+    /// Long-poll (up to `wait`) for exactly one message.
+    pub async fn lease_one(&self, queue: &str, wait: &str) -> Value {
+        let got = self.lease(queue, json!({"max": 1, "wait": wait})).await;
+        assert_eq!(got.len(), 1, "expected one message from {queue}: {got:?}");
+        got[0].clone()
+    }
+
+    /// Ack `id` with `lease`.
+    pub async fn ack(&self, id: &str, lease: &str) -> Answer {
+        self.post(&format!("/v1/messages/{id}/ack"), json!({ "lease": lease }))
+            .await
+    }
+
+    /// Nack `id` with `lease` and `error` (`{"class": …}`).
+    pub async fn nack(&self, id: &str, lease: &str, error: Value) -> Answer {
+        self.post(
+            &format!("/v1/messages/{id}/nack"),
+            json!({ "lease": lease, "error": error }),
+        )
+        .await
+    }
+
+    /// GET a message, expect 200.
+    pub async fn message(&self, id: &str) -> Value {
+        let (st, m) = self.get(&format!("/v1/messages/{id}")).await;
+        assert_eq!(st, 200, "get {id}: {m}");
+        m
+    }
+
+    /// The counts per state of `queue` (`{"scheduled": n, "ready": n, …}`).
+    pub async fn counts(&self, queue: &str) -> Value {
+        let (st, q) = self.get(&format!("/v1/queues/{queue}")).await;
+        assert_eq!(st, 200, "queue {queue}: {q}");
+        q["counts"].clone()
+    }
+
+    /// Counts of every queue, for "nothing changed" checks.
+    pub async fn snapshot(&self) -> Value {
+        let (st, q) = self.get("/v1/queues").await;
+        assert_eq!(st, 200, "queues: {q}");
+        let mut out = serde_json::Map::new();
+        for x in q["queues"].as_array().unwrap() {
+            out.insert(x["queue"].as_str().unwrap().to_owned(), x["counts"].clone());
+        }
+        let (st, all) = self.get("/v1/messages?limit=1000").await;
+        assert_eq!(st, 200, "search: {all}");
+        out.insert("__messages".into(), all["messages"].clone());
+        Value::Object(out)
     }
 
     /// Graceful stop, waiting for the store to close.
@@ -103,8 +239,62 @@ impl TestServer {
     }
 }
 
-/// Assert an error answer: status and code.
-pub fn assert_error(got: &(u16, Value), status: u16, code: &str) {
+/// The `id` of a message body.
+pub fn id_of(m: &Value) -> String {
+    m["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id: {m}"))
+        .to_owned()
+}
+
+/// The `lease` token of a leased message.
+pub fn lease_of(m: &Value) -> String {
+    m["lease"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no lease: {m}"))
+        .to_owned()
+}
+
+/// A timestamp field as Unix milliseconds; panics (printing `m`) if it is not RFC 3339 UTC.
+pub fn ms(m: &Value, field: &str) -> i64 {
+    let s = m[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} missing or not a string: {m}"));
+    assert!(s.ends_with('Z'), "{field} is not UTC: {m}");
+    redrive_core::Timestamp::parse(s)
+        .unwrap_or_else(|_| panic!("{field} is not RFC 3339: {m}"))
+        .as_millis()
+}
+
+/// A count of a `counts` object.
+pub fn count(counts: &Value, state: &str) -> u64 {
+    counts[state]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no count {state}: {counts}"))
+}
+
+/// The counts object with exactly these non-zero entries.
+pub fn counts_of(pairs: &[(&str, u64)]) -> Value {
+    let mut c = json!({"scheduled": 0, "ready": 0, "leased": 0, "done": 0, "dead": 0});
+    for (k, v) in pairs {
+        c[*k] = json!(v);
+    }
+    c
+}
+
+/// A random, well-formed message id that exists nowhere.
+pub fn unknown_id() -> String {
+    "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f".to_owned()
+}
+
+/// Assert a 200 answer and return its body.
+pub fn ok(got: Answer) -> Value {
+    assert_eq!(got.0, 200, "body: {}", got.1);
+    got.1
+}
+
+/// Assert an error answer: status and code, and a non-empty message.
+pub fn assert_error(got: &Answer, status: u16, code: &str) {
     assert_eq!(got.0, status, "body: {}", got.1);
     assert_eq!(got.1["error"]["code"], code, "body: {}", got.1);
     assert!(
@@ -112,6 +302,17 @@ pub fn assert_error(got: &(u16, Value), status: u16, code: &str) {
             .as_str()
             .is_some_and(|m| !m.is_empty()),
         "body: {}",
+        got.1
+    );
+}
+
+/// [`assert_error`], and the message names `needle` (a field, an index …).
+pub fn assert_error_names(got: &Answer, status: u16, code: &str, needle: &str) {
+    assert_error(got, status, code);
+    let msg = got.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(needle),
+        "error message should name {needle:?}; body: {}",
         got.1
     );
 }

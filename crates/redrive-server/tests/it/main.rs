@@ -1,5 +1,12 @@
 //! HTTP integration tests: a real server (embedded store in a temp dir, fsync on)
 //! on an ephemeral loopback port, driven with reqwest.
 
+mod e2e_auth;
+mod e2e_bad_input;
+mod e2e_leases;
+mod e2e_operator;
+mod e2e_ordering;
+mod e2e_publish;
+mod e2e_queues_ops;
 mod e2e_smoke;
 mod harness;

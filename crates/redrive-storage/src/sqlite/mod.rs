@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
 use transitions::{Counts, WriterState};
 
-
 /// When a write counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -107,9 +106,15 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn open_connection(path: &Path, opts: &SqliteOptions, write: bool) -> Result<Connection, StoreError> {
+fn open_connection(
+    path: &Path,
+    opts: &SqliteOptions,
+    write: bool,
+) -> Result<Connection, StoreError> {
     let flags = if write {
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
     } else {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
@@ -131,15 +136,22 @@ fn open_connection(path: &Path, opts: &SqliteOptions, write: bool) -> Result<Con
 impl SqliteStore {
     /// Open (creating if needed) the store in `opts.data_dir`, recovering from any crash.
     pub fn open(opts: SqliteOptions) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(&opts.data_dir)
-            .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", opts.data_dir.display())))?;
+        std::fs::create_dir_all(&opts.data_dir).map_err(|e| {
+            StoreError::Backend(format!("cannot create {}: {e}", opts.data_dir.display()))
+        })?;
         let path = opts.data_dir.join("redrive.db");
         let conn = open_connection(&path, &opts, true)?;
         schema::migrate(&conn)?;
         let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
         let next_wake = reads::next_wake(&conn)?;
         let seed = opts.seed.unwrap_or_else(random_seed);
-        let state = WriterState::new(conn, seed, opts.catalog.clone(), opts.idempotency_window_ms, counts.clone());
+        let state = WriterState::new(
+            conn,
+            seed,
+            opts.catalog.clone(),
+            opts.idempotency_window_ms,
+            counts.clone(),
+        );
         let (tx, rx) = mpsc::channel(WRITER_QUEUE_DEPTH);
         let (wake_tx, wake_rx) = watch::channel(next_wake);
         let shared = Arc::new(Shared {
@@ -153,7 +165,14 @@ impl SqliteStore {
             .spawn(move || group_commit::run(state, rx, writer_shared, wake_tx))
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
         let readers = Arc::new(reads::ReaderPool::new(path, opts));
-        Ok(Self { jobs: tx, shared, wake_rx, counts, readers, writer: Mutex::new(Some(writer)) })
+        Ok(Self {
+            jobs: tx,
+            shared,
+            wake_rx,
+            counts,
+            readers,
+            writer: Mutex::new(Some(writer)),
+        })
     }
 
     /// Run `f` in the writer's next transaction and wait for its commit.
@@ -173,7 +192,10 @@ impl SqliteStore {
             });
             (ok, reply)
         });
-        self.jobs.send(Command::Job(job)).await.map_err(|_| StoreError::Closed)?;
+        self.jobs
+            .send(Command::Job(job))
+            .await
+            .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -198,7 +220,11 @@ fn random_seed() -> u64 {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
-    async fn publish(&self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError> {
+    async fn publish(
+        &self,
+        items: Vec<NewMessage>,
+        now: Timestamp,
+    ) -> Result<Vec<Published>, StoreError> {
         self.write(move |w| w.publish(items, now)).await
     }
 
@@ -206,8 +232,13 @@ impl Store for SqliteStore {
         self.write(move |w| w.lease(&req, now)).await
     }
 
-    async fn ack(&self, items: Vec<LeaseRef>, now: Timestamp) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
-        self.write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect())).await
+    async fn ack(
+        &self,
+        items: Vec<LeaseRef>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
+        self.write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect()))
+            .await
     }
 
     async fn nack(
@@ -215,10 +246,16 @@ impl Store for SqliteStore {
         items: Vec<Nack>,
         now: Timestamp,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
-        self.write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect())).await
+        self.write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect()))
+            .await
     }
 
-    async fn extend(&self, lease: LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError> {
+    async fn extend(
+        &self,
+        lease: LeaseRef,
+        by_ms: u64,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
         self.write(move |w| w.extend(&lease, by_ms, now)).await
     }
 
@@ -226,7 +263,12 @@ impl Store for SqliteStore {
         self.write(move |w| w.redrive(&id, now)).await
     }
 
-    async fn kill(&self, id: MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+    async fn kill(
+        &self,
+        id: MessageId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError> {
         self.write(move |w| w.kill(&id, reason, now)).await
     }
 
@@ -238,7 +280,11 @@ impl Store for SqliteStore {
         self.write(move |w| w.tick(now)).await
     }
 
-    async fn purge(&self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError> {
+    async fn purge(
+        &self,
+        now: Timestamp,
+        done_retention_ms: u64,
+    ) -> Result<PurgeOutcome, StoreError> {
         self.write(move |w| w.purge(now, done_retention_ms)).await
     }
 
@@ -246,8 +292,14 @@ impl Store for SqliteStore {
         self.read(move |c| reads::get(c, &id)).await
     }
 
-    async fn search(&self, filter: MessageFilter, limit: u32, cursor: Option<String>) -> Result<Page, StoreError> {
-        self.read(move |c| reads::search(c, &filter, limit, cursor.as_deref())).await
+    async fn search(
+        &self,
+        filter: MessageFilter,
+        limit: u32,
+        cursor: Option<String>,
+    ) -> Result<Page, StoreError> {
+        self.read(move |c| reads::search(c, &filter, limit, cursor.as_deref()))
+            .await
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
@@ -264,7 +316,11 @@ impl Store for SqliteStore {
     }
 
     fn poisoned(&self) -> Option<String> {
-        self.shared.poisoned.lock().map(|p| p.clone()).unwrap_or(None)
+        self.shared
+            .poisoned
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or(None)
     }
 
     async fn close(&self) {

@@ -23,11 +23,18 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     pub fn new(path: PathBuf, opts: SqliteOptions) -> Self {
-        Self { path, opts, idle: Mutex::new(Vec::new()) }
+        Self {
+            path,
+            opts,
+            idle: Mutex::new(Vec::new()),
+        }
     }
 
     /// Run `f` on a read connection (blocking).
-    pub fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let conn = self.idle.lock().ok().and_then(|mut v| v.pop());
         let conn = match conn {
             Some(c) => c,
@@ -46,8 +53,15 @@ impl ReaderPool {
 /// Count messages per queue and state (at open; afterwards the writer keeps counts).
 pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     let mut counts = Counts::new();
-    let mut stmt = conn.prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")?;
-    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u8>(1)?, r.get::<_, i64>(2)?)))?;
+    let mut stmt =
+        conn.prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, u8>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
     for row in rows {
         let (q, s, n) = row?;
         if let Some(st) = State::from_code(s) {
@@ -119,7 +133,7 @@ pub fn search(
         args.push(Value::Text(c.as_str().to_owned()));
     }
     if let Some(t) = &filter.text {
-        clauses.push("(payload LIKE ? ESCAPE '\\' OR last_error LIKE ? ESCAPE '\\')");
+        clauses.push("(payload LIKE ? ESCAPE '\\' OR json_extract(last_error, '$.message') LIKE ? ESCAPE '\\')");
         let p = like_pattern(t);
         args.push(Value::Text(p.clone()));
         args.push(Value::Text(p));
@@ -139,7 +153,11 @@ pub fn search(
         clauses.push("seq < ?");
         args.push(Value::Integer(seq));
     }
-    let where_ = if clauses.is_empty() { String::new() } else { format!("WHERE {}", clauses.join(" AND ")) };
+    let where_ = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
     let limit = limit.max(1);
     args.push(Value::Integer(limit as i64 + 1));
     let sql = format!("SELECT {COLUMNS} FROM messages {where_} ORDER BY seq DESC LIMIT ?");
@@ -153,11 +171,20 @@ pub fn search(
     } else {
         None
     };
-    let messages = rows.iter().map(|r| r.to_message(None)).collect::<Result<_, _>>()?;
-    Ok(Page { messages, next_cursor })
+    let messages = rows
+        .iter()
+        .map(|r| r.to_message(None))
+        .collect::<Result<_, _>>()?;
+    Ok(Page {
+        messages,
+        next_cursor,
+    })
 }
 
-pub fn queue_stats(conn: &Connection, counts: Vec<(String, [i64; 5])>) -> Result<Vec<QueueStats>, StoreError> {
+pub fn queue_stats(
+    conn: &Connection,
+    counts: Vec<(String, [i64; 5])>,
+) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
     let mut stmt = conn.prepare_cached(
         "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",

@@ -62,7 +62,9 @@ impl Row {
 
     /// Attempts counted against `max_attempts` since the last redrive.
     pub fn counted_attempts(&self) -> u32 {
-        self.attempts.saturating_sub(self.budget_base).saturating_sub(self.uncounted)
+        self.attempts
+            .saturating_sub(self.budget_base)
+            .saturating_sub(self.uncounted)
     }
 
     /// The message this row stores; `history` is the raw JSON array, if wanted.
@@ -77,7 +79,10 @@ impl Row {
             None => None,
         };
         Ok(Message {
-            id: self.id.parse::<MessageId>().map_err(|e| StoreError::Backend(e.to_string()))?,
+            id: self
+                .id
+                .parse::<MessageId>()
+                .map_err(|e| StoreError::Backend(e.to_string()))?,
             queue: self.queue.clone(),
             state: self.state,
             payload: serde_json::from_str(&self.payload)?,

@@ -4,8 +4,10 @@
 //! make each hot query an index range scan over only the rows it can match:
 //! `ix_ready` (lease: queue, priority, due time), `ix_scheduled` (the
 //! scheduler: earliest due time), `ix_leased` (the reaper: earliest lease
-//! expiry), `ix_done` (purge), `ix_key` (per-key ordering), `ix_queue_state`
-//! (operator search by queue and state, newest first).
+//! expiry), `ix_done` (purge), `ix_key` (per-key ordering: earlier pending
+//! messages of a key), `ix_key_leased` (per-key ordering: is any message of
+//! a key leased), `ix_queue_state` (operator search by queue and state, newest
+//! first).
 
 use rusqlite::Connection;
 
@@ -45,6 +47,7 @@ CREATE INDEX IF NOT EXISTS ix_scheduled ON messages(due_at) WHERE state = 0;
 CREATE INDEX IF NOT EXISTS ix_leased ON messages(lease_expires_at) WHERE state = 2;
 CREATE INDEX IF NOT EXISTS ix_done ON messages(finished_at) WHERE state = 3;
 CREATE INDEX IF NOT EXISTS ix_key ON messages(queue, msg_key, seq) WHERE msg_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_key_leased ON messages(queue, msg_key) WHERE state = 2;
 CREATE INDEX IF NOT EXISTS ix_queue_state ON messages(queue, state, seq);
 CREATE TABLE IF NOT EXISTS idempotency (
   queue       TEXT NOT NULL,
@@ -61,7 +64,9 @@ CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
 pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     conn.execute_batch(SCHEMA)?;
     let found: Option<String> = conn
-        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| r.get(0))
+        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
+            r.get(0)
+        })
         .ok();
     match found.and_then(|v| v.parse::<i64>().ok()) {
         None => {

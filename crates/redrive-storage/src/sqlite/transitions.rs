@@ -13,8 +13,8 @@ use crate::{
     StoreError, TickOutcome,
 };
 use redrive_core::{
-    Decision, DeadReason, Failure, FailureContext, HistoryEntry, HistoryEvent, LastError,
-    Message, MessageId, NewMessage, OnDead, Ordering, QueueCatalog, SplitMix64, State, Timestamp,
+    DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent, LastError, Message,
+    MessageId, NewMessage, OnDead, Ordering, QueueCatalog, SplitMix64, State, Timestamp,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -144,7 +144,11 @@ impl WriterState {
 
     // ---- transitions ----
 
-    pub fn publish(&mut self, items: Vec<NewMessage>, now: Timestamp) -> Result<Vec<Published>, StoreError> {
+    pub fn publish(
+        &mut self,
+        items: Vec<NewMessage>,
+        now: Timestamp,
+    ) -> Result<Vec<Published>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
         for (index, item) in items.into_iter().enumerate() {
             let payload = serde_json::to_string(&item.payload)?;
@@ -159,12 +163,21 @@ impl WriterState {
                     .optional()?;
                 if let Some((mid, fp)) = found {
                     if fp != fingerprint {
-                        return Err(StoreError::IdempotencyConflict { index, key: ikey.clone() });
+                        return Err(StoreError::IdempotencyConflict {
+                            index,
+                            key: ikey.clone(),
+                        });
                     }
-                    let id: MessageId = mid.parse().map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
+                    let id: MessageId = mid
+                        .parse()
+                        .map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
                     match self.row_by_id(&id) {
                         Ok(row) => {
-                            out.push(Published { message: row.to_message(None)?, replayed: true, failure: None });
+                            out.push(Published {
+                                message: row.to_message(None)?,
+                                replayed: true,
+                                failure: None,
+                            });
                             continue;
                         }
                         Err(StoreError::NotFound(_)) => {} // deleted by an operator: publish anew
@@ -178,13 +191,21 @@ impl WriterState {
                 seq: 0,
                 id: id.to_string(),
                 queue: item.queue.clone(),
-                state: if due > now { State::Scheduled } else { State::Ready },
+                state: if due > now {
+                    State::Scheduled
+                } else {
+                    State::Ready
+                },
                 priority: item.priority,
                 due_at: Some(due.as_millis()),
                 key: item.key.clone(),
                 idempotency_key: item.idempotency_key.clone(),
                 payload,
-                headers: if item.headers.is_empty() { None } else { Some(serde_json::to_string(&item.headers)?) },
+                headers: if item.headers.is_empty() {
+                    None
+                } else {
+                    Some(serde_json::to_string(&item.headers)?)
+                },
                 attempts: 0,
                 budget_base: 0,
                 uncounted: 0,
@@ -237,7 +258,11 @@ impl WriterState {
                 }),
                 None => None,
             };
-            out.push(Published { message, replayed: false, failure });
+            out.push(Published {
+                message,
+                replayed: false,
+                failure,
+            });
         }
         Ok(out)
     }
@@ -301,8 +326,16 @@ impl WriterState {
         let mut event_delay = None;
         let mut event_dead = None;
         match decision {
-            Decision::Retry { delay_ms, due_at, counted } => {
-                row.state = if due_at > now { State::Scheduled } else { State::Ready };
+            Decision::Retry {
+                delay_ms,
+                due_at,
+                counted,
+            } => {
+                row.state = if due_at > now {
+                    State::Scheduled
+                } else {
+                    State::Ready
+                };
                 row.due_at = Some(due_at.as_millis());
                 row.prev_delay_ms = Some(delay_ms.min(i64::MAX as u64) as i64);
                 if !counted {
@@ -334,7 +367,12 @@ impl WriterState {
     }
 
     /// A failed attempt of a leased (or just-published) row: decide and write.
-    fn fail_attempt(&mut self, mut row: Row, failure: &Failure, now: Timestamp) -> Result<FailureOutcome, StoreError> {
+    fn fail_attempt(
+        &mut self,
+        mut row: Row,
+        failure: &Failure,
+        now: Timestamp,
+    ) -> Result<FailureOutcome, StoreError> {
         let from = row.state;
         let (entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
         self.conn
@@ -362,7 +400,12 @@ impl WriterState {
             }
         }
         let message = row.to_message(None)?;
-        Ok(FailureOutcome { dead_reason: message.dead_reason, message, class, retry_delay_ms: delay })
+        Ok(FailureOutcome {
+            dead_reason: message.dead_reason,
+            message,
+            class,
+            retry_delay_ms: delay,
+        })
     }
 
     pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
@@ -377,10 +420,17 @@ impl WriterState {
                     OnDead::Skip => "0, 1, 2",
                     OnDead::Block => "0, 1, 2, 4",
                 };
+                // A ready message of a key is leasable when no earlier message of its key
+                // is pending (scheduled, ready, leased; dead too under `block`) and no
+                // message of its key at all is leased: an older message redriven while a
+                // later one is out must wait for it (one lease per key, SPEC §4).
                 format!(
-                    "SELECT {COLUMNS} FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR NOT EXISTS \
-                     (SELECT 1 FROM messages p WHERE p.queue = ?1 AND p.msg_key = m.msg_key AND p.seq < m.seq \
-                      AND p.state IN ({blocking}))) ORDER BY priority DESC, due_at, seq LIMIT ?2"
+                    "SELECT {COLUMNS} FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR ( \
+                     NOT EXISTS (SELECT 1 FROM messages p WHERE p.queue = ?1 AND p.msg_key = m.msg_key \
+                      AND p.seq < m.seq AND p.state IN ({blocking})) \
+                     AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.queue = ?1 AND l.msg_key = m.msg_key \
+                      AND l.state = 2))) \
+                     ORDER BY priority DESC, due_at, seq LIMIT ?2"
                 )
             }
         };
@@ -431,11 +481,15 @@ impl WriterState {
     pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Acked, StoreError> {
         let mut row = self.row_by_id(&lease.id)?;
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
-            return Ok(Acked { message: row.to_message(None)? }); // a retried ack
+            return Ok(Acked {
+                message: row.to_message(None)?,
+            }); // a retried ack
         }
         check_lease(&row, &lease.token, now)?;
         self.conn
-            .prepare_cached("UPDATE messages SET state = 3, finished_at = ?2, updated_at = ?2 WHERE seq = ?1")?
+            .prepare_cached(
+                "UPDATE messages SET state = 3, finished_at = ?2, updated_at = ?2 WHERE seq = ?1",
+            )?
             .execute(params![row.seq, now.as_millis()])?;
         let entry = HistoryEntry {
             attempt: row.attempts,
@@ -448,7 +502,9 @@ impl WriterState {
         row.state = State::Done;
         row.finished_at = Some(now.as_millis());
         row.updated_at = now.as_millis();
-        Ok(Acked { message: row.to_message(None)? })
+        Ok(Acked {
+            message: row.to_message(None)?,
+        })
     }
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailureOutcome, StoreError> {
@@ -456,12 +512,19 @@ impl WriterState {
         self.fail_attempt(row, &nack.failure, now)
     }
 
-    pub fn extend(&mut self, lease: &LeaseRef, by_ms: u64, now: Timestamp) -> Result<Timestamp, StoreError> {
+    pub fn extend(
+        &mut self,
+        lease: &LeaseRef,
+        by_ms: u64,
+        now: Timestamp,
+    ) -> Result<Timestamp, StoreError> {
         let row = self.leased_row(lease, now)?;
         let current = row.lease_expires_at.unwrap_or(now.as_millis());
         let new = now.plus_ms(by_ms).as_millis().max(current);
         self.conn
-            .prepare_cached("UPDATE messages SET lease_expires_at = ?2, updated_at = ?3 WHERE seq = ?1")?
+            .prepare_cached(
+                "UPDATE messages SET lease_expires_at = ?2, updated_at = ?3 WHERE seq = ?1",
+            )?
             .execute(params![row.seq, new, now.as_millis()])?;
         Ok(Timestamp::from_millis(new))
     }
@@ -469,7 +532,11 @@ impl WriterState {
     pub fn redrive(&mut self, id: &MessageId, now: Timestamp) -> Result<Message, StoreError> {
         let row = self.row_by_id(id)?;
         if !matches!(row.state, State::Dead | State::Scheduled) {
-            return Err(StoreError::InvalidState { state: row.state, action: "redrive", allowed: "dead or scheduled" });
+            return Err(StoreError::InvalidState {
+                state: row.state,
+                action: "redrive",
+                allowed: "dead or scheduled",
+            });
         }
         self.conn
             .prepare_cached(
@@ -477,13 +544,23 @@ impl WriterState {
                  prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL WHERE seq = ?1",
             )?
             .execute(params![row.seq, now.as_millis()])?;
-        let entry = HistoryEntry { attempt: row.attempts, at: now, leased_at: None, event: HistoryEvent::Redriven };
+        let entry = HistoryEntry {
+            attempt: row.attempts,
+            at: now,
+            leased_at: None,
+            event: HistoryEvent::Redriven,
+        };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Ready));
         self.full_message(row.seq)
     }
 
-    pub fn kill(&mut self, id: &MessageId, reason: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+    pub fn kill(
+        &mut self,
+        id: &MessageId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError> {
         let row = self.row_by_id(id)?;
         if row.state.is_final() {
             return Err(StoreError::InvalidState {
@@ -497,7 +574,12 @@ impl WriterState {
                 "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3 WHERE seq = ?1",
             )?
             .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()])?;
-        let entry = HistoryEntry { attempt: row.attempts, at: now, leased_at: None, event: HistoryEvent::Killed { reason } };
+        let entry = HistoryEntry {
+            attempt: row.attempts,
+            at: now,
+            leased_at: None,
+            event: HistoryEvent::Killed { reason },
+        };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Dead));
         self.full_message(row.seq)
@@ -506,10 +588,14 @@ impl WriterState {
     pub fn delete(&mut self, id: &MessageId) -> Result<Message, StoreError> {
         let row = self.row_by_id(id)?;
         let message = self.full_message(row.seq)?;
-        self.conn.prepare_cached("DELETE FROM messages WHERE seq = ?1")?.execute([row.seq])?;
+        self.conn
+            .prepare_cached("DELETE FROM messages WHERE seq = ?1")?
+            .execute([row.seq])?;
         if let Some(ikey) = &row.idempotency_key {
             self.conn
-                .prepare_cached("DELETE FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3")?
+                .prepare_cached(
+                    "DELETE FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3",
+                )?
                 .execute(params![row.queue, ikey, row.id])?;
         }
         self.moved(&row.queue, Some(row.state), None);
@@ -556,7 +642,9 @@ impl WriterState {
         let lease_expired = Failure::lease_expired();
         for row in expired_rows {
             let outcome = self.fail_attempt(row, &lease_expired, now)?;
-            if outcome.message.state == State::Ready && !ready_queues.contains(&outcome.message.queue) {
+            if outcome.message.state == State::Ready
+                && !ready_queues.contains(&outcome.message.queue)
+            {
                 ready_queues.push(outcome.message.queue.clone());
             }
             expired.push(outcome);
@@ -576,11 +664,22 @@ impl WriterState {
         let next = if more { Some(t) } else { next };
         self.job_wake = None;
         self.job_exact_wake = Some(next);
-        Ok(TickOutcome { ready_queues, expired, next_wake: next.map(Timestamp::from_millis), more })
+        Ok(TickOutcome {
+            ready_queues,
+            expired,
+            next_wake: next.map(Timestamp::from_millis),
+            more,
+        })
     }
 
-    pub fn purge(&mut self, now: Timestamp, done_retention_ms: u64) -> Result<PurgeOutcome, StoreError> {
-        let cutoff = now.as_millis().saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
+    pub fn purge(
+        &mut self,
+        now: Timestamp,
+        done_retention_ms: u64,
+    ) -> Result<PurgeOutcome, StoreError> {
+        let cutoff = now
+            .as_millis()
+            .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
         let queues: Vec<String> = self
             .conn
             .prepare_cached(
@@ -601,7 +700,10 @@ impl WriterState {
             .conn
             .prepare_cached("DELETE FROM idempotency WHERE expires_at <= ?1")?
             .execute([now.as_millis()])?;
-        Ok(PurgeOutcome { done_deleted: per_queue, idempotency_deleted: idem as u64 })
+        Ok(PurgeOutcome {
+            done_deleted: per_queue,
+            idempotency_deleted: idem as u64,
+        })
     }
 }
 

@@ -1,0 +1,619 @@
+//! Consuming: lease (max, length, long poll), ack, nack, extend, stale and expired
+//! leases, and the batch forms of ack and nack.
+
+use crate::harness::{
+    assert_error, assert_error_names, counts_of, id_of, lease_of, ms, unknown_id, TestServer,
+};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Queues with special policies, on top of the FAST default (50 ms fixed, 3 attempts).
+const QUEUES: &str = r#"
+[queues.slow.retry]
+backoff = "fixed"
+initial_delay = "1h"
+jitter = "none"
+[queues.rl.retry]
+max_attempts = 2
+backoff = "fixed"
+initial_delay = "50ms"
+jitter = "none"
+[queues.capped.retry]
+max_retry_after = "1s"
+[queues.long]
+lease = "45s"
+"#;
+
+#[tokio::test]
+async fn lease_answers_every_field() {
+    let s = TestServer::fast(QUEUES).await;
+    let m = s
+        .publish(
+            "work",
+            json!({"payload": {"job": 1}, "headers": {"h": "v"}, "key": "k-1", "priority": 3}),
+        )
+        .await;
+    let (st, l) = s
+        .post(
+            "/v1/queues/work/leases",
+            json!({"max": 1, "lease": "30s", "wait": "0s"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{l}");
+    let got = l["messages"].as_array().unwrap_or_else(|| panic!("{l}"));
+    assert_eq!(got.len(), 1, "{l}");
+    let g = &got[0];
+    assert_eq!(g["id"], m["id"], "{l}");
+    assert!(g["lease"].as_str().is_some_and(|t| !t.is_empty()), "{l}");
+    assert_eq!(g["attempt"], 1, "{l}");
+    assert_eq!(g["payload"], json!({"job": 1}), "{l}");
+    assert_eq!(g["headers"], json!({"h": "v"}), "{l}");
+    assert_eq!(g["key"], "k-1", "{l}");
+    assert_eq!(g["queue"], "work", "{l}");
+    assert_eq!(g["priority"], 3, "{l}");
+    assert_eq!(g["created_at"], m["created_at"], "{l}");
+    assert!(g.get("last_error").is_none(), "first attempt: {l}");
+    // The lease is exactly 30s from the lease time (the message's updated_at).
+    let full = s.message(&id_of(g)).await;
+    assert_eq!(full["state"], "leased", "{full}");
+    assert_eq!(
+        full["lease_expires_at"], g["lease_expires_at"],
+        "{full} vs {l}"
+    );
+    assert_eq!(
+        ms(g, "lease_expires_at") - ms(&full, "updated_at"),
+        30_000,
+        "{full} / {l}"
+    );
+    assert_eq!(s.counts("work").await, counts_of(&[("leased", 1)]));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn lease_max_and_default_lengths() {
+    let s = TestServer::fast(QUEUES).await;
+    for i in 0..5 {
+        s.publish_payload("many", json!(i)).await;
+    }
+    assert_eq!(s.lease("many", json!({"max": 3})).await.len(), 3);
+    assert_eq!(s.lease("many", json!({"max": 3})).await.len(), 2);
+    assert!(s.lease("many", json!({"max": 3})).await.is_empty());
+    assert_eq!(s.counts("many").await, counts_of(&[("leased", 5)]));
+
+    // Default max is 1; an empty body is allowed.
+    s.publish_payload("one", json!(1)).await;
+    s.publish_payload("one", json!(2)).await;
+    let (st, l) = s.post_raw("/v1/queues/one/leases", "").await;
+    assert_eq!(st, 200, "{l}");
+    assert_eq!(l["messages"].as_array().unwrap().len(), 1, "{l}");
+
+    // Default lease 30s; a queue's configured lease wins; the request's wins over both.
+    let check = |l: &Value, full: &Value, want: i64| {
+        assert_eq!(
+            ms(l, "lease_expires_at") - ms(full, "updated_at"),
+            want,
+            "{l} / {full}"
+        );
+    };
+    let l = s.lease_one("one", "0s").await;
+    check(&l, &s.message(&id_of(&l)).await, 30_000);
+    s.publish_payload("long", json!(1)).await;
+    s.publish_payload("long", json!(2)).await;
+    let l = s.lease_one("long", "0s").await;
+    check(&l, &s.message(&id_of(&l)).await, 45_000);
+    let l = s.lease("long", json!({"lease": "2m"})).await.remove(0);
+    check(&l, &s.message(&id_of(&l)).await, 120_000);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn long_poll_returns_empty_after_wait() {
+    let s = TestServer::fast("").await;
+    let t = Instant::now();
+    let (st, l) = s
+        .post("/v1/queues/empty/leases", json!({"wait": "200ms"}))
+        .await;
+    assert_eq!(st, 200, "{l}");
+    assert_eq!(l, json!({"messages": []}), "{l}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "a long poll waits: {:?}",
+        t.elapsed()
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn long_poll_is_woken_by_a_publish() {
+    let s = std::sync::Arc::new(TestServer::fast("").await);
+    let poller = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let got = s.lease("wake", json!({"wait": "20s"})).await;
+            (got, t.elapsed())
+        })
+    };
+    // Give the poll a moment to park (if it has not, it finds the message at once anyway).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let id = s.publish_payload("wake", json!("hello")).await;
+    let (got, took) = poller.await.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["id"], id.as_str(), "{got:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "woken by the publish, not by the deadline: {took:?}"
+    );
+    // A publish to another queue does not satisfy this queue's poll.
+    let poller = {
+        let s = s.clone();
+        tokio::spawn(async move { s.lease("wake", json!({"wait": "300ms"})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.publish_payload("elsewhere", json!(1)).await;
+    assert!(poller.await.unwrap().is_empty());
+    match std::sync::Arc::try_unwrap(s) {
+        Ok(s) => s.stop().await,
+        Err(_) => panic!("server still shared"),
+    }
+}
+
+#[tokio::test]
+async fn ack_finishes_and_is_never_delivered_again() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("acks", json!({"a": 1})).await;
+    let l = s.lease_one("acks", "0s").await;
+    let (st, a) = s.ack(&id, &lease_of(&l)).await;
+    assert_eq!(st, 200, "{a}");
+    assert_eq!(a["state"], "done", "{a}");
+    assert!(a.get("finished_at").is_some(), "{a}");
+    // Acking again with the same token is fine (a retried request).
+    let (st, a2) = s.ack(&id, &lease_of(&l)).await;
+    assert_eq!(st, 200, "double ack: {a2}");
+    assert_eq!(a2["state"], "done", "{a2}");
+    // Never again.
+    assert!(s
+        .lease("acks", json!({"max": 10, "wait": "300ms"}))
+        .await
+        .is_empty());
+    assert_eq!(s.counts("acks").await, counts_of(&[("done", 1)]));
+    let g = s.message(&id).await;
+    let h = g["history"].as_array().unwrap_or_else(|| panic!("{g}"));
+    assert_eq!(h.len(), 1, "one history entry, not two: {g}");
+    assert_eq!(h[0]["event"], "acked", "{g}");
+    assert_eq!(h[0]["attempt"], 1, "{g}");
+    // Nack and extend of a done message are refused.
+    let got = s
+        .nack(&id, &lease_of(&l), json!({"class": "transient"}))
+        .await;
+    assert_eq!(got.0, 409, "{}", got.1);
+    let got = s
+        .post(
+            &format!("/v1/messages/{id}/extend"),
+            json!({"lease": lease_of(&l), "by": "10s"}),
+        )
+        .await;
+    assert_eq!(got.0, 409, "{}", got.1);
+    assert_eq!(s.counts("acks").await, counts_of(&[("done", 1)]));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn nack_transient_schedules_a_retry() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("n", json!(1)).await;
+    let l = s.lease_one("n", "0s").await;
+    let (st, n) = s
+        .nack(
+            &id,
+            &lease_of(&l),
+            json!({"class": "transient", "message": "503 from upstream"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "scheduled", "{n}");
+    assert_eq!(
+        ms(&n, "due_at") - ms(&n, "updated_at"),
+        50,
+        "fixed 50ms: {n}"
+    );
+    assert_eq!(n["last_error"]["class"], "transient", "{n}");
+    assert_eq!(n["last_error"]["message"], "503 from upstream", "{n}");
+    assert!(n.get("dead_reason").is_none(), "{n}");
+    let l2 = s.lease_one("n", "5s").await;
+    assert_eq!(l2["id"], id.as_str(), "{l2}");
+    assert_eq!(l2["attempt"], 2, "{l2}");
+    assert_ne!(l2["lease"], l["lease"], "a new token: {l2}");
+    assert_eq!(l2["last_error"]["message"], "503 from upstream", "{l2}");
+
+    // A nack without an error is a transient failure.
+    let (st, n) = s
+        .post(
+            &format!("/v1/messages/{id}/nack"),
+            json!({"lease": lease_of(&l2)}),
+        )
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "scheduled", "{n}");
+    assert_eq!(n["last_error"]["class"], "transient", "{n}");
+    // Third and last attempt (max_attempts = 3): dead.
+    let l3 = s.lease_one("n", "5s").await;
+    assert_eq!(l3["attempt"], 3, "{l3}");
+    let (st, n) = s
+        .nack(&id, &lease_of(&l3), json!({"class": "transient"}))
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "dead", "{n}");
+    assert_eq!(n["dead_reason"], "max_attempts", "{n}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn nack_permanent_is_dead_at_once() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("p", json!(1)).await;
+    let l = s.lease_one("p", "0s").await;
+    let (st, n) = s
+        .nack(
+            &id,
+            &lease_of(&l),
+            json!({"class": "permanent", "message": "400 bad request"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "dead", "{n}");
+    assert_eq!(n["dead_reason"], "permanent_error", "{n}");
+    assert!(n.get("due_at").is_none(), "{n}");
+    assert_eq!(s.counts("p").await, counts_of(&[("dead", 1)]));
+    assert!(s
+        .lease("p", json!({"max": 10, "wait": "200ms"}))
+        .await
+        .is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn nack_rate_limited_honours_retry_after_and_is_not_counted() {
+    let s = TestServer::fast(QUEUES).await;
+    // Queue rl has max_attempts = 2. Two rate-limited failures, then one transient one
+    // still leave a retry; only the second counted failure makes it dead.
+    let id = s.publish_payload("rl", json!(1)).await;
+    let mut l = s.lease_one("rl", "0s").await;
+    for attempt in 1..=2 {
+        assert_eq!(l["attempt"], attempt, "{l}");
+        let (st, n) = s
+            .nack(
+                &id,
+                &lease_of(&l),
+                json!({"class": "rate_limited", "retry_after": "300ms", "message": "429"}),
+            )
+            .await;
+        assert_eq!(st, 200, "{n}");
+        assert_eq!(n["state"], "scheduled", "not counted, so not dead: {n}");
+        assert_eq!(
+            ms(&n, "due_at") - ms(&n, "updated_at"),
+            300,
+            "due at now + retry_after: {n}"
+        );
+        assert_eq!(n["last_error"]["class"], "rate_limited", "{n}");
+        l = s.lease_one("rl", "5s").await;
+    }
+    assert_eq!(l["attempt"], 3, "{l}");
+    let (st, n) = s
+        .nack(&id, &lease_of(&l), json!({"class": "transient"}))
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "scheduled", "first counted failure of 2: {n}");
+    let l = s.lease_one("rl", "5s").await;
+    assert_eq!(l["attempt"], 4, "{l}");
+    let (st, n) = s
+        .nack(&id, &lease_of(&l), json!({"class": "transient"}))
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(n["state"], "dead", "second counted failure: {n}");
+    assert_eq!(n["dead_reason"], "max_attempts", "{n}");
+    let g = s.message(&id).await;
+    assert_eq!(g["history"][0]["retry_after_ms"], 300, "{g}");
+
+    // A hostile retry_after is bounded by max_retry_after (1s on queue capped).
+    let id = s.publish_payload("capped", json!(1)).await;
+    let l = s.lease_one("capped", "0s").await;
+    let (st, n) = s
+        .nack(
+            &id,
+            &lease_of(&l),
+            json!({"class": "rate_limited", "retry_after": "1d"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{n}");
+    assert_eq!(ms(&n, "due_at") - ms(&n, "updated_at"), 1_000, "{n}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn extend_moves_the_expiry_later_never_earlier() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("ext", json!(1)).await;
+    let l = s.lease("ext", json!({"lease": "5s"})).await.remove(0);
+    let before = ms(&l, "lease_expires_at");
+    let (st, e) = s
+        .post(
+            &format!("/v1/messages/{id}/extend"),
+            json!({"lease": lease_of(&l), "by": "60s"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{e}");
+    assert_eq!(e["id"], id.as_str(), "{e}");
+    let after = ms(&e, "lease_expires_at");
+    assert!(after > before, "later: {e} vs {l}");
+    assert_eq!(
+        s.message(&id).await["lease_expires_at"],
+        e["lease_expires_at"]
+    );
+    // A shorter extension does not shorten the lease.
+    let (st, e2) = s
+        .post(
+            &format!("/v1/messages/{id}/extend"),
+            json!({"lease": lease_of(&l), "by": "1s"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{e2}");
+    assert_eq!(e2["lease_expires_at"], e["lease_expires_at"], "{e2}");
+    // The token still acks.
+    let (st, a) = s.ack(&id, &lease_of(&l)).await;
+    assert_eq!(st, 200, "{a}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_lease_token_is_409_lease_mismatch() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("tok", json!(1)).await;
+    let l = s.lease_one("tok", "0s").await;
+    let before = s.snapshot().await;
+    for bad in ["nope", "", "1-0000000000000000"] {
+        assert_error(&s.ack(&id, bad).await, 409, "lease_mismatch");
+        assert_error(
+            &s.nack(&id, bad, json!({"class": "permanent"})).await,
+            409,
+            "lease_mismatch",
+        );
+        assert_error(
+            &s.post(
+                &format!("/v1/messages/{id}/extend"),
+                json!({"lease": bad, "by": "10s"}),
+            )
+            .await,
+            409,
+            "lease_mismatch",
+        );
+    }
+    assert_eq!(s.snapshot().await, before, "nothing changed");
+    // The right token still works.
+    let (st, a) = s.ack(&id, &lease_of(&l)).await;
+    assert_eq!(st, 200, "{a}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn expired_lease_is_409_lease_expired() {
+    let s = TestServer::fast(QUEUES).await;
+    // Queue slow retries after 1h, so the expired message is not leased again
+    // and its old token stays the last one handed out.
+    let id = s.publish_payload("slow", json!(1)).await;
+    let l = s.lease("slow", json!({"lease": "100ms"})).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the lease run out
+    assert_error(&s.ack(&id, &lease_of(&l)).await, 409, "lease_expired");
+    assert_error(
+        &s.nack(&id, &lease_of(&l), json!({"class": "transient"}))
+            .await,
+        409,
+        "lease_expired",
+    );
+    assert_error(
+        &s.post(
+            &format!("/v1/messages/{id}/extend"),
+            json!({"lease": lease_of(&l), "by": "10s"}),
+        )
+        .await,
+        409,
+        "lease_expired",
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn expired_lease_counts_as_a_failed_attempt() {
+    let s = TestServer::fast("").await;
+    let id = s.publish_payload("exp", json!(1)).await;
+    let l1 = s.lease("exp", json!({"lease": "100ms"})).await.remove(0);
+    // The reaper fails attempt 1 (lease_expired) and the retry comes back as attempt 2.
+    let l2 = s.lease_one("exp", "5s").await;
+    assert_eq!(l2["id"], id.as_str(), "{l2}");
+    assert_eq!(l2["attempt"], 2, "{l2}");
+    assert_eq!(l2["last_error"]["code"], "lease_expired", "{l2}");
+    // The old token is refused; the new one works.
+    let got = s.ack(&id, &lease_of(&l1)).await;
+    assert_eq!(got.0, 409, "{}", got.1);
+    let code = got.1["error"]["code"].as_str().unwrap_or_default();
+    assert!(
+        code == "lease_mismatch" || code == "lease_expired",
+        "{}",
+        got.1
+    );
+    let (st, a) = s.ack(&id, &lease_of(&l2)).await;
+    assert_eq!(st, 200, "{a}");
+    let g = s.message(&id).await;
+    let h = g["history"].as_array().unwrap_or_else(|| panic!("{g}"));
+    assert_eq!(h.len(), 2, "{g}");
+    assert_eq!(h[0]["event"], "failed", "{g}");
+    assert_eq!(h[0]["error"]["code"], "lease_expired", "{g}");
+    assert_eq!(h[1]["event"], "acked", "{g}");
+    let (_, metrics) = s.get_text("/metrics").await;
+    assert!(
+        metrics.contains("redrive_deliveries_total{queue=\"exp\",outcome=\"lease_expired\"} 1\n"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_ids() {
+    let s = TestServer::fast("").await;
+    let unknown = unknown_id();
+    let before = s.snapshot().await;
+    for action in ["ack", "nack", "extend"] {
+        let body = json!({"lease": "x", "by": "1s"});
+        let body = if action == "extend" {
+            body
+        } else {
+            json!({"lease": "x"})
+        };
+        let got = s
+            .post(&format!("/v1/messages/{unknown}/{action}"), body.clone())
+            .await;
+        assert_error(&got, 404, "not_found");
+        let got = s
+            .post(&format!("/v1/messages/not-an-id/{action}"), body)
+            .await;
+        assert_error(&got, 400, "invalid_id");
+    }
+    assert_eq!(s.snapshot().await, before);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn batch_ack_answers_each_item_in_order() {
+    let s = TestServer::fast("").await;
+    let a = s.publish_payload("ba", json!("a")).await;
+    let b = s.publish_payload("ba", json!("b")).await;
+    let leased = s.lease("ba", json!({"max": 2})).await;
+    let token = |id: &str| {
+        leased
+            .iter()
+            .find(|m| m["id"] == id)
+            .map(lease_of)
+            .unwrap_or_else(|| panic!("{id} not leased: {leased:?}"))
+    };
+    let (st, r) = s
+        .post(
+            "/v1/messages/ack",
+            json!({"items": [
+                {"id": a, "lease": token(&a)},
+                {"id": b, "lease": "stale"},
+                {"id": unknown_id(), "lease": "x"},
+                {"id": "garbage", "lease": "x"},
+                {"id": b, "lease": token(&b)}
+            ]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let items = r["items"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(items.len(), 5, "{r}");
+    let want = [
+        (a.as_str(), 200, None),
+        (b.as_str(), 409, Some("lease_mismatch")),
+        (
+            "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f",
+            404,
+            Some("not_found"),
+        ),
+        ("garbage", 400, Some("invalid_id")),
+        (b.as_str(), 200, None),
+    ];
+    for (i, (id, status, code)) in want.iter().enumerate() {
+        assert_eq!(items[i]["id"], *id, "item {i}: {r}");
+        assert_eq!(items[i]["status"], *status, "item {i}: {r}");
+        match code {
+            Some(c) => {
+                assert_eq!(items[i]["error"]["code"], *c, "item {i}: {r}");
+                assert!(items[i].get("message").is_none(), "item {i}: {r}");
+            }
+            None => {
+                assert_eq!(items[i]["message"]["state"], "done", "item {i}: {r}");
+                assert!(items[i].get("error").is_none(), "item {i}: {r}");
+            }
+        }
+    }
+    assert_eq!(s.counts("ba").await, counts_of(&[("done", 2)]));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn batch_nack_answers_each_item_in_order() {
+    let s = TestServer::fast("").await;
+    let ids: Vec<String> = vec![
+        s.publish_payload("bn", json!(0)).await,
+        s.publish_payload("bn", json!(1)).await,
+        s.publish_payload("bn", json!(2)).await,
+    ];
+    let leased = s.lease("bn", json!({"max": 3})).await;
+    let token = |id: &str| {
+        leased
+            .iter()
+            .find(|m| m["id"] == id)
+            .map(lease_of)
+            .unwrap_or_else(|| panic!("{id} not leased: {leased:?}"))
+    };
+    let (st, r) = s
+        .post(
+            "/v1/messages/nack",
+            json!({"items": [
+                {"id": ids[0], "lease": token(&ids[0]), "error": {"class": "transient", "message": "t"}},
+                {"id": ids[1], "lease": token(&ids[1]), "error": {"class": "permanent"}},
+                {"id": ids[2], "lease": token(&ids[2]), "error": {"class": "fatal"}},
+                {"id": ids[2], "lease": "stale"},
+                {"id": unknown_id(), "lease": "x"},
+                {"id": "garbage", "lease": "x"}
+            ]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let items = r["items"].as_array().unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(items.len(), 6, "{r}");
+    assert_eq!(items[0]["status"], 200, "{r}");
+    assert_eq!(items[0]["message"]["state"], "scheduled", "{r}");
+    assert!(items[0]["message"]["due_at"].is_string(), "{r}");
+    assert_eq!(items[1]["status"], 200, "{r}");
+    assert_eq!(items[1]["message"]["state"], "dead", "{r}");
+    assert_eq!(items[1]["message"]["dead_reason"], "permanent_error", "{r}");
+    assert_eq!(items[2]["status"], 400, "{r}");
+    assert_eq!(items[2]["error"]["code"], "invalid_error_class", "{r}");
+    assert!(
+        items[2]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("items[2].error.class")),
+        "{r}"
+    );
+    assert_eq!(items[3]["status"], 409, "{r}");
+    assert_eq!(items[3]["error"]["code"], "lease_mismatch", "{r}");
+    assert_eq!(items[4]["status"], 404, "{r}");
+    assert_eq!(items[5]["status"], 400, "{r}");
+    assert_eq!(items[5]["error"]["code"], "invalid_id", "{r}");
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(items[i]["id"], id.as_str(), "{r}");
+    }
+    // Message 2 (bad class) is still leased: its item changed nothing.
+    assert_eq!(s.message(&ids[2]).await["state"], "leased");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn batch_ack_nack_size_limits() {
+    let s = TestServer::fast("").await; // max_batch = 20
+    s.publish_payload("bl", json!(1)).await;
+    let l = s.lease_one("bl", "0s").await;
+    let before = s.snapshot().await;
+    let item = json!({"id": id_of(&l), "lease": lease_of(&l)});
+    for path in ["/v1/messages/ack", "/v1/messages/nack"] {
+        let got = s.post(path, json!({"items": []})).await;
+        assert_error_names(&got, 400, "batch_too_large", "items");
+        let many: Vec<Value> = (0..21).map(|_| item.clone()).collect();
+        let got = s.post(path, json!({ "items": many })).await;
+        assert_error_names(&got, 400, "batch_too_large", "items");
+        let got = s.post(path, json!({})).await;
+        assert_error_names(&got, 400, "invalid_body", "items");
+    }
+    assert_eq!(s.snapshot().await, before, "nothing changed");
+    s.stop().await;
+}
