@@ -161,6 +161,10 @@ const ENV_KEYS: &[&str] = &[
     "log",
 ];
 
+/// `REDRIVE_*` variables that are not server configuration: `REDRIVE_CONFIG` (the file, read
+/// by the binary), `REDRIVE_SERVER` and `REDRIVE_TOKEN` (the CLI's client commands).
+const CLIENT_ENV_KEYS: &[&str] = &["config", "server", "token"];
+
 /// Values given on the command line; they win over file and environment.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -199,8 +203,8 @@ impl Config {
                 continue;
             };
             let key = key.to_ascii_lowercase();
-            if key == "config" {
-                continue; // handled by the binary
+            if CLIENT_ENV_KEYS.contains(&key.as_str()) {
+                continue; // read by the binary (config file) or its client commands
             }
             if !ENV_KEYS.contains(&key.as_str()) {
                 return Err(ConfigError::Invalid {
@@ -448,7 +452,10 @@ mod example_config {
         let c = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap();
         let d = Config::default();
         assert_eq!(c.queue_settings("any"), d.queue_settings("any"));
-        assert_eq!(c.queue_settings("any").retry, redrive_core::RetryPolicy::default());
+        assert_eq!(
+            c.queue_settings("any").retry,
+            redrive_core::RetryPolicy::default()
+        );
         let mut c_no_queues = c;
         c_no_queues.queues = Default::default();
         assert_eq!(c_no_queues, d);

@@ -1,1 +1,360 @@
-fn main() {}
+//! The `redrive` binary: command-line plumbing only.
+//!
+//! - `redrive serve` runs the server ([`redrive_server::serve`]);
+//! - `redrive policy explain` prints what a retry policy means, offline;
+//! - `redrive publish | messages … | queues` are thin clients of the HTTP API (SPEC §5);
+//! - `redrive bench` drives a running server with load and prints figures.
+//!
+//! This file holds the clap definitions and the dispatch; the work is in
+//! [`cli`] (serve, policy, client commands, tables) and [`bench`].
+//!
+//! Exit codes: 0 success; 1 the server answered an error (or a bench run was
+//! incomplete); 2 bad command-line input or configuration; 3 the server could
+//! not be reached.
+
+mod bench;
+mod cli;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use redrive_core::{Backoff, DurationMs, Jitter};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Command line of `redrive`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "redrive",
+    version,
+    about = "Durable retry and dead-letter server, its client and its load generator",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Base URL of the redrive server, for the client commands and the bench (http only).
+    #[arg(
+        long,
+        global = true,
+        env = "REDRIVE_SERVER",
+        default_value = "http://127.0.0.1:7070",
+        value_name = "URL",
+        value_parser = cli::client::parse_server_url
+    )]
+    pub server: reqwest::Url,
+
+    /// API token, sent as `Authorization: Bearer TOKEN`.
+    #[arg(
+        long,
+        global = true,
+        env = "REDRIVE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (no flags and no config: 127.0.0.1:7070, data in ./redrive-data).
+    Serve(ServeArgs),
+    /// Retry policies.
+    Policy {
+        /// What to do with a policy.
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Publish one message to a queue.
+    Publish(PublishArgs),
+    /// Search, inspect and act on messages.
+    Messages {
+        /// What to do.
+        #[command(subcommand)]
+        command: MessagesCommand,
+    },
+    /// Show queues: counts per state, oldest ready age, policy.
+    Queues(QueuesArgs),
+    /// Drive a running server with load and print figures.
+    Bench(bench::BenchArgs),
+}
+
+/// `redrive serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML; see redrive.example.toml).
+    #[arg(long, env = "REDRIVE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7070 (overrides the file and REDRIVE_LISTEN).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Data directory of the embedded store (overrides the file and REDRIVE_DATA_DIR).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `redrive policy …`.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Print a policy's schedule: for each retry, its delay range and the cumulative time.
+    ///
+    /// The policy comes from a config file (`--config FILE [--queue NAME]`) or from
+    /// flags; with neither, the built-in default policy is explained. Delays assume
+    /// transient failures (rate-limited ones follow the server's Retry-After).
+    Explain(ExplainArgs),
+}
+
+/// `redrive policy explain`.
+#[derive(Debug, Args)]
+#[command(group(
+    ArgGroup::new("policy_flags")
+        .multiple(true)
+        .args(["preset", "backoff", "initial_delay", "multiplier", "max_delay", "jitter", "max_attempts", "max_age", "schedule"])
+))]
+pub struct ExplainArgs {
+    /// Take the policy from this config file.
+    #[arg(long, value_name = "FILE", conflicts_with = "policy_flags")]
+    pub config: Option<PathBuf>,
+    /// The queue whose policy to explain (with --config; default: the `default` section).
+    #[arg(long, value_name = "NAME", requires = "config")]
+    pub queue: Option<String>,
+    /// Start from a named preset.
+    #[arg(long, value_parser = ["rocketmq", "sidekiq", "svix"])]
+    pub preset: Option<String>,
+    /// Backoff shape.
+    #[arg(long, value_enum)]
+    pub backoff: Option<BackoffArg>,
+    /// First retry delay, e.g. 1s.
+    #[arg(long, value_name = "DURATION")]
+    pub initial_delay: Option<DurationMs>,
+    /// Growth factor of exponential backoff (≥ 1).
+    #[arg(long, value_parser = cli::policy::parse_multiplier)]
+    pub multiplier: Option<f64>,
+    /// Cap on one delay, e.g. 15m.
+    #[arg(long, value_name = "DURATION")]
+    pub max_delay: Option<DurationMs>,
+    /// Jitter.
+    #[arg(long, value_enum)]
+    pub jitter: Option<JitterArg>,
+    /// Deliveries in all, the first included (≥ 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+    /// No retry is scheduled past created_at + max_age, e.g. 7d.
+    #[arg(long, value_name = "DURATION")]
+    pub max_age: Option<DurationMs>,
+    /// Explicit delays, comma-separated, e.g. 1s,5s,30s (implies --backoff schedule).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', num_args = 1..)]
+    pub schedule: Option<Vec<DurationMs>>,
+    /// Print the policy and its rows as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--backoff` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackoffArg {
+    /// The initial delay every time.
+    Fixed,
+    /// initial_delay × n.
+    Linear,
+    /// initial_delay × multiplier^(n-1).
+    Exponential,
+    /// Random between initial_delay and 3 × the previous delay.
+    Decorrelated,
+    /// The --schedule list; its last entry repeats.
+    Schedule,
+    /// Sidekiq's n⁴ + 15 + rand(10)·(n+1) seconds.
+    Sidekiq,
+}
+
+impl From<BackoffArg> for Backoff {
+    fn from(b: BackoffArg) -> Self {
+        match b {
+            BackoffArg::Fixed => Backoff::Fixed,
+            BackoffArg::Linear => Backoff::Linear,
+            BackoffArg::Exponential => Backoff::Exponential,
+            BackoffArg::Decorrelated => Backoff::Decorrelated,
+            BackoffArg::Schedule => Backoff::Schedule,
+            BackoffArg::Sidekiq => Backoff::Sidekiq,
+        }
+    }
+}
+
+/// `--jitter` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JitterArg {
+    /// Exactly the delay.
+    None,
+    /// Uniform in [0, d].
+    Full,
+    /// Uniform in [d/2, d].
+    Equal,
+    /// Uniform in [initial_delay, 3 × previous delay].
+    Decorrelated,
+}
+
+impl From<JitterArg> for Jitter {
+    fn from(j: JitterArg) -> Self {
+        match j {
+            JitterArg::None => Jitter::None,
+            JitterArg::Full => Jitter::Full,
+            JitterArg::Equal => Jitter::Equal,
+            JitterArg::Decorrelated => Jitter::Decorrelated,
+        }
+    }
+}
+
+/// `redrive publish`.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// Queue name.
+    pub queue: String,
+    /// The payload as JSON, or `-` to read it from stdin (also the default when stdin is not a terminal).
+    #[arg(value_name = "PAYLOAD_JSON")]
+    pub payload: Option<String>,
+    /// Ordering/partition key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Idempotency key: a replay within the window returns the original message.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Priority 0–9, higher first.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: Option<u8>,
+    /// Deliver after this delay, e.g. 30s.
+    #[arg(long, value_name = "DURATION", value_parser = cli::client::parse_duration_arg, conflicts_with = "deliver_at")]
+    pub delay: Option<String>,
+    /// Deliver at this time (RFC 3339, e.g. 2026-01-31T12:00:00Z).
+    #[arg(long, value_name = "TIME", value_parser = cli::client::parse_timestamp_arg)]
+    pub deliver_at: Option<String>,
+    /// A header `name=value` (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = cli::client::parse_header)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// `redrive messages …`.
+#[derive(Debug, Subcommand)]
+pub enum MessagesCommand {
+    /// Search messages (newest first, one page; --cursor for the next).
+    List(ListArgs),
+    /// Show one message with its history.
+    Show {
+        /// Message id.
+        id: String,
+    },
+    /// Make a dead or scheduled message ready now, with a fresh attempt budget.
+    Redrive {
+        /// Message id.
+        id: String,
+    },
+    /// Move a message to dead (reason `killed`).
+    Kill {
+        /// Message id.
+        id: String,
+        /// Why, kept in the history.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Delete a message for good.
+    Delete {
+        /// Message id.
+        id: String,
+    },
+    /// Export every matching message as CSV or JSON lines, streamed.
+    Export(ExportArgs),
+}
+
+/// Search filters shared by `messages list` and `messages export`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Filters {
+    /// Only this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only this state.
+    #[arg(long, value_parser = ["scheduled", "ready", "leased", "done", "dead"])]
+    pub state: Option<String>,
+    /// Only this key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Only messages whose last error has this class.
+    #[arg(long, value_parser = ["transient", "rate_limited", "permanent"])]
+    pub error_class: Option<String>,
+    /// Text in the payload or the error message.
+    #[arg(long)]
+    pub q: Option<String>,
+    /// Created at or after: RFC 3339, or a duration meaning that long ago (e.g. 1h).
+    #[arg(long, value_name = "TIME", value_parser = cli::client::parse_time_filter)]
+    pub since: Option<String>,
+    /// Created before: RFC 3339, or a duration meaning that long ago (e.g. 10m).
+    #[arg(long, value_name = "TIME", value_parser = cli::client::parse_time_filter)]
+    pub until: Option<String>,
+}
+
+/// `redrive messages list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Filters.
+    #[command(flatten)]
+    pub filters: Filters,
+    /// Page size.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Continue from a previous page's next_cursor.
+    #[arg(long)]
+    pub cursor: Option<String>,
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `redrive messages export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Filters.
+    #[command(flatten)]
+    pub filters: Filters,
+    /// Output format.
+    #[arg(long, value_parser = ["csv", "jsonl"], default_value = "csv")]
+    pub format: String,
+    /// Write to this file instead of stdout (written to FILE.part, renamed when complete).
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// `redrive queues`.
+#[derive(Debug, Args)]
+pub struct QueuesArgs {
+    /// One queue; all queues when omitted.
+    pub name: Option<String>,
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => cli::serve::run(&args),
+        Command::Policy {
+            command: PolicyCommand::Explain(args),
+        } => cli::finish(cli::policy::run(&args)),
+        Command::Bench(args) => cli::finish(bench::run(&cli.server, cli.token.as_deref(), args)),
+        command => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    return cli::finish(Err(anyhow::anyhow!("cannot start the async runtime: {e}")))
+                }
+            };
+            cli::finish(runtime.block_on(cli::client::run(
+                &cli.server,
+                cli.token.as_deref(),
+                command,
+            )))
+        }
+    }
+}

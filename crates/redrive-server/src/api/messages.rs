@@ -2,7 +2,8 @@
 //! export, redrive, kill, delete).
 
 use super::{
-    duration_field, message_id, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
+    duration_field, from_value, message_id, queue_name, timestamp_field, ApiError, ApiJson,
+    AppState, ErrorBody,
 };
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
@@ -105,9 +106,7 @@ fn parse_item(
     now: Timestamp,
 ) -> Result<NewMessage, ApiError> {
     let has_payload = value.as_object().is_some_and(|o| o.contains_key("payload"));
-    let item: PublishItem = serde_json::from_value(value).map_err(|e| {
-        ApiError::bad_request("invalid_body", format!("{}{e}", prefix_colon(prefix)))
-    })?;
+    let item: PublishItem = from_value(value, prefix)?;
     let field = |f: &str| {
         if prefix.is_empty() {
             f.to_owned()
@@ -198,14 +197,6 @@ fn parse_item(
     })
 }
 
-fn prefix_colon(prefix: &str) -> String {
-    if prefix.is_empty() {
-        String::new()
-    } else {
-        format!("{prefix}: ")
-    }
-}
-
 /// Publish one message, or a batch (`{"messages": [...]}`, all or nothing).
 #[utoipa::path(post, path = "/v1/queues/{queue}/messages", tag = "messages",
     params(("queue" = String, Path, description = "Queue name, [A-Za-z0-9._:-]{1,128}")),
@@ -227,8 +218,7 @@ pub async fn publish(
         .as_object()
         .is_some_and(|o| o.contains_key("messages") && !o.contains_key("payload"));
     if is_batch {
-        let batch: PublishBatch = serde_json::from_value(value)
-            .map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))?;
+        let batch: PublishBatch = from_value(value, "")?;
         let max = s.engine.config().max_batch;
         if batch.messages.is_empty() || batch.messages.len() > max {
             return Err(ApiError::bad_request(

@@ -122,6 +122,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }
 
@@ -202,7 +203,60 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::bad_request("malformed_json", format!("body is not valid JSON: {e}"))
     })?;
-    serde_json::from_value(value).map_err(|e| ApiError::bad_request("invalid_body", e.to_string()))
+    from_value(value, "")
+}
+
+/// Turn a JSON value into `T`; the error names the field's path (`messages[2].priority: …`),
+/// prefixed with `prefix` when given.
+pub fn from_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    prefix: &str,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = match (prefix.is_empty(), path == ".") {
+            (true, true) => String::new(),
+            (true, false) => format!("{path}: "),
+            (false, true) => format!("{prefix}: "),
+            (false, false) => format!("{prefix}.{path}: "),
+        };
+        ApiError::bad_request("invalid_body", format!("{path}{}", e.inner()))
+    })
+}
+
+/// Wrap any error answer that is not already JSON (axum's own rejections: a path segment
+/// that is not UTF-8, a body that cannot be buffered …) in the `{"error": …}` envelope.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), 64 * 1024).await {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(_) => String::new(),
+    };
+    let code = match status.as_u16() {
+        400 => "bad_request",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "request_timeout",
+        413 => "body_too_large",
+        415 => "unsupported_media_type",
+        422 => "invalid_body",
+        _ if status.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    let message = if text.trim().is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    ApiError::new(status, code, message).into_response()
 }
 
 /// Parse a duration field, naming it on error.

@@ -1,0 +1,233 @@
+//! The consumer side of the API as the bench uses it: lease a batch, then
+//! batch-ack / batch-nack, with per-item results.
+
+use super::{Ctx, BENCH_LEASE};
+use reqwest::Url;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One leased message (the fields the bench reads).
+#[derive(Debug, Deserialize)]
+pub struct Leased {
+    /// Message id.
+    pub id: String,
+    /// Lease token.
+    pub lease: String,
+    /// Delivery number, 1 for the first.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The payload (`{"run", "n", "t", …}` for this bench's messages).
+    #[serde(default)]
+    pub payload: Value,
+}
+
+impl Leased {
+    /// Whether this message was published by the run `run_id`.
+    pub fn is_from(&self, run_id: &str) -> bool {
+        self.payload.get("run").and_then(Value::as_str) == Some(run_id)
+    }
+
+    /// An integer field of the payload.
+    pub fn payload_i64(&self, key: &str) -> Option<i64> {
+        self.payload.get(key).and_then(Value::as_i64)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LeaseAnswer {
+    #[serde(default)]
+    messages: Vec<Leased>,
+}
+
+/// One item of a batch ack or nack.
+#[derive(Debug, Serialize)]
+pub struct Item<'a> {
+    /// Message id.
+    pub id: &'a str,
+    /// Lease token.
+    pub lease: &'a str,
+    /// The failure, for a nack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<NackError>,
+}
+
+/// The failure a bench nack reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct NackError {
+    /// Error class.
+    pub class: &'static str,
+    /// Message.
+    pub message: &'static str,
+}
+
+/// The transient failure of the retry-cycle workload.
+pub const TRANSIENT: NackError = NackError {
+    class: "transient",
+    message: "bench",
+};
+
+#[derive(Debug, Serialize)]
+struct Batch<'a> {
+    items: &'a [Item<'a>],
+}
+
+/// The result of one item of a batch ack/nack.
+#[derive(Debug, Deserialize)]
+pub struct ItemResult {
+    /// HTTP status of this item.
+    #[serde(default)]
+    pub status: u16,
+    /// The message after the transition (nack: its new state).
+    #[serde(default)]
+    pub message: Option<Value>,
+    /// The new state, if the server puts it on the item itself.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// The item's error.
+    #[serde(default)]
+    pub error: Option<Value>,
+}
+
+impl ItemResult {
+    /// The message's state after the transition, if given.
+    pub fn new_state(&self) -> Option<&str> {
+        self.state.as_deref().or_else(|| {
+            self.message
+                .as_ref()
+                .and_then(|m| m.get("state"))
+                .and_then(Value::as_str)
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct BatchAnswer {
+    #[serde(default)]
+    items: Vec<ItemResult>,
+}
+
+/// The URLs a consumer uses.
+#[derive(Debug, Clone)]
+pub struct Urls {
+    lease: Url,
+    ack: Url,
+    nack: Url,
+    lease_body: String,
+}
+
+impl Urls {
+    /// For the run's queue, leasing up to `max` messages, long-polling `wait`.
+    pub fn new(ctx: &Ctx, max: u32, wait: &str) -> Self {
+        Self {
+            lease: ctx.url(&["v1", "queues", &ctx.queue, "leases"]),
+            ack: ctx.url(&["v1", "messages", "ack"]),
+            nack: ctx.url(&["v1", "messages", "nack"]),
+            lease_body: format!(r#"{{"max":{max},"lease":"{BENCH_LEASE}","wait":"{wait}"}}"#),
+        }
+    }
+}
+
+/// Lease a batch; `None` when the request failed (counted in the tally).
+pub async fn lease(ctx: &Ctx, urls: &Urls) -> Option<Vec<Leased>> {
+    let bytes = ctx.post(&urls.lease, urls.lease_body.clone()).await?;
+    match serde_json::from_slice::<LeaseAnswer>(&bytes) {
+        Ok(a) => Some(a.messages),
+        Err(e) => {
+            ctx.errors.record("unexpected lease answer", e.to_string());
+            None
+        }
+    }
+}
+
+/// Batch-ack (`nack = false`) or batch-nack `items`; one result per item in order,
+/// or `None` if the request failed as a whole. Failed items are counted in the tally.
+pub async fn settle(
+    ctx: &Ctx,
+    urls: &Urls,
+    items: &[Item<'_>],
+    nack: bool,
+) -> Option<Vec<ItemResult>> {
+    if items.is_empty() {
+        return Some(Vec::new());
+    }
+    let body = serde_json::to_string(&Batch { items }).ok()?;
+    let url = if nack { &urls.nack } else { &urls.ack };
+    let bytes = ctx.post(url, body).await?;
+    let answer: BatchAnswer = match serde_json::from_slice(&bytes) {
+        Ok(a) => a,
+        Err(e) => {
+            ctx.errors.record("unexpected batch answer", e.to_string());
+            return None;
+        }
+    };
+    let verb = if nack { "nack" } else { "ack" };
+    for r in answer.items.iter().filter(|r| r.status != 200) {
+        let code = r
+            .error
+            .as_ref()
+            .and_then(|e| e.get("code"))
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let message = r
+            .error
+            .as_ref()
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        ctx.errors.record(
+            format!("{verb} item {} {code}", r.status),
+            message.to_owned(),
+        );
+    }
+    Some(answer.items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_bodies() {
+        let items = [
+            Item {
+                id: "a",
+                lease: "l1",
+                error: None,
+            },
+            Item {
+                id: "b",
+                lease: "l2",
+                error: Some(TRANSIENT),
+            },
+        ];
+        assert_eq!(
+            serde_json::to_string(&Batch { items: &items }).unwrap(),
+            r#"{"items":[{"id":"a","lease":"l1"},{"id":"b","lease":"l2","error":{"class":"transient","message":"bench"}}]}"#
+        );
+    }
+
+    #[test]
+    fn item_results_find_the_state() {
+        let r: BatchAnswer = serde_json::from_str(
+            r#"{"items":[{"id":"a","status":200,"message":{"state":"ready"}},{"id":"b","status":200,"state":"dead"},
+                {"id":"c","status":409,"error":{"code":"lease_expired","message":"x"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.items[0].new_state(), Some("ready"));
+        assert_eq!(r.items[1].new_state(), Some("dead"));
+        assert_eq!(r.items[2].new_state(), None);
+        assert_eq!(r.items[2].status, 409);
+    }
+
+    #[test]
+    fn leased_messages_know_their_run() {
+        let a: LeaseAnswer = serde_json::from_str(
+            r#"{"messages":[{"id":"1","lease":"t","attempt":2,"payload":{"run":"r1","t":5},"queue":"q"},
+                {"id":"2","lease":"t","attempt":1,"payload":"foreign"}]}"#,
+        )
+        .unwrap();
+        assert!(a.messages[0].is_from("r1"));
+        assert_eq!(a.messages[0].payload_i64("t"), Some(5));
+        assert!(!a.messages[1].is_from("r1"));
+    }
+}

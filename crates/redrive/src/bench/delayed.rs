@@ -1,0 +1,245 @@
+//! `delayed`: how late does a delayed message arrive?
+//!
+//! Each message gets a due time computed here, at send time: most are short
+//! (uniform in `[0, spread)`), a `--long-fraction` are long (uniform in
+//! `[2 × spread, 3 × spread)`) and interleaved with the short ones, so a
+//! scheduler that let a long message hold up later short ones (head-of-line
+//! blocking, the TTL-queue ladder problem) would show in the short figures.
+//! The message is sent with `deliver_at` (RFC 3339, ms) and carries its due
+//! time in its payload. Consumers long-poll (`wait` 5 s, max 100) and ack;
+//! lateness = receive time − due time, for first deliveries only.
+
+use super::consumer::{self, Item, Urls};
+use super::publish::{publish_all, ItemFn, PublishPlan};
+use super::report::Report;
+use super::stats::Samples;
+use super::{now_us, BenchArgs, Ctx};
+use redrive_core::{format_duration_ms, SplitMix64, Timestamp};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// Most messages one lease asks for.
+const LEASE_MAX: u32 = 100;
+/// Long-poll wait of a lease.
+const LEASE_WAIT: &str = "5s";
+
+/// The delay of message `n`: `(delay_ms, long)`. Deterministic in `(seed, n)`.
+pub fn delay_of(seed: u64, n: u64, spread_ms: u64, long_fraction: f64) -> (u64, bool) {
+    let mut rng = SplitMix64::new(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let long =
+        (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= long_fraction && long_fraction > 0.0;
+    let spread = spread_ms.max(1);
+    if long {
+        (rng.between(2 * spread, 3 * spread - 1), true)
+    } else {
+        (rng.between(0, spread - 1), false)
+    }
+}
+
+/// What one consumer task saw.
+#[derive(Debug, Default)]
+struct Seen {
+    short: Samples,
+    long: Samples,
+    received: u64,
+    early: u64,
+    redelivered: u64,
+    stale: u64,
+}
+
+/// Run `delayed` for `target` messages.
+pub async fn run(
+    ctx: Arc<Ctx>,
+    args: &BenchArgs,
+    target: u64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let spread_ms = args.spread.ms();
+    let long_fraction = args.long_fraction;
+    let seed = now_us() as u64;
+    let connections = args.connections as usize;
+    let publishers = args
+        .publishers
+        .map_or((connections / 4).max(1), |p| p as usize)
+        .min(connections);
+    let consumers = connections.saturating_sub(publishers).max(1);
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(args.timeout.ms().saturating_add(3 * spread_ms));
+    let item: ItemFn = Arc::new(move |ctx: &Ctx, n: u64| {
+        let (delay, long) = delay_of(seed, n, spread_ms, long_fraction);
+        let due = Timestamp::now().plus_ms(delay);
+        format!(
+            r#"{{"payload":{},"deliver_at":"{}"}}"#,
+            ctx.payload(n, &format!(r#","due":{},"long":{long}"#, due.as_millis())),
+            due.to_rfc3339()
+        )
+    });
+    let plan = PublishPlan {
+        url: ctx.url(&["v1", "queues", &ctx.queue, "messages"]),
+        batch: args.batch as u64,
+        limit: Some(target),
+        claimed: Arc::new(AtomicU64::new(0)),
+        deadline,
+        item,
+        finishes: false,
+    };
+    let urls = Urls::new(&ctx, LEASE_MAX, LEASE_WAIT);
+    let mut set = JoinSet::new();
+    for _ in 0..consumers {
+        set.spawn(consume(ctx.clone(), urls.clone(), target, deadline));
+    }
+    let publishing = async {
+        let out = publish_all(&ctx, publishers, &plan).await;
+        (out, start.elapsed())
+    };
+    let consuming = async {
+        let mut all = Seen::default();
+        while let Some(r) = set.join_next().await {
+            let s = r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))?;
+            all.short.merge(s.short);
+            all.long.merge(s.long);
+            all.received += s.received;
+            all.early += s.early;
+            all.redelivered += s.redelivered;
+            all.stale += s.stale;
+        }
+        anyhow::Ok(all)
+    };
+    let ((published, publish_time), seen) = tokio::join!(publishing, consuming);
+    let published = published?;
+    let mut seen = seen?;
+    let end = ctx
+        .progress
+        .reached_at
+        .get()
+        .copied()
+        .unwrap_or_else(Instant::now);
+    let mut all = Samples::new();
+    all.merge(seen.short.clone());
+    all.merge(seen.long.clone());
+
+    report.count("messages", "messages", target);
+    report.count("published", "published", published.messages);
+    report.rate(
+        "publish_per_s",
+        "publish rate",
+        published.messages as f64 / publish_time.as_secs_f64(),
+    );
+    report.text(
+        "delays",
+        "delays",
+        format!(
+            "short 0 – {spread}, long {} – {} ({:.0} % long)",
+            format_duration_ms(2 * spread_ms),
+            format_duration_ms(3 * spread_ms),
+            long_fraction * 100.0,
+            spread = format_duration_ms(spread_ms)
+        ),
+    );
+    report.count("received", "received (first deliveries)", seen.received);
+    report.secs(
+        "elapsed_s",
+        "elapsed (first publish → last delivery)",
+        end.duration_since(start).as_secs_f64(),
+    );
+    report.count("early", "delivered before due", seen.early);
+    report.count("redelivered", "redeliveries", seen.redelivered);
+    report.count("stale", "stale messages of other runs acked", seen.stale);
+    report.summary("lateness", "lateness (all)", all.summary());
+    report.summary(
+        "lateness_short",
+        "lateness (short delays)",
+        seen.short.summary(),
+    );
+    report.summary(
+        "lateness_long",
+        "lateness (long delays)",
+        seen.long.summary(),
+    );
+    if seen.received < target {
+        report.incomplete = Some(format!(
+            "stopped at the deadline: received {} of {target} ({} published)",
+            seen.received, published.messages
+        ));
+    }
+    Ok(())
+}
+
+/// One consumer: long-poll, record lateness, ack.
+async fn consume(ctx: Arc<Ctx>, urls: Urls, target: u64, deadline: Instant) -> Seen {
+    let mut seen = Seen::default();
+    while !ctx.progress.is_done() && Instant::now() < deadline {
+        let Some(batch) = consumer::lease(&ctx, &urls).await else {
+            continue;
+        };
+        let received_us = now_us();
+        let mut firsts = 0;
+        for m in &batch {
+            if !m.is_from(&ctx.run_id) {
+                seen.stale += 1;
+                continue;
+            }
+            if m.attempt > 1 {
+                seen.redelivered += 1;
+                continue;
+            }
+            let Some(due_ms) = m.payload_i64("due") else {
+                continue;
+            };
+            let lateness = received_us - due_ms * 1_000;
+            if lateness < 0 {
+                seen.early += 1;
+            }
+            let long = m
+                .payload
+                .get("long")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false);
+            if long {
+                seen.long.push_us(lateness);
+            } else {
+                seen.short.push_us(lateness);
+            }
+            firsts += 1;
+        }
+        let items: Vec<Item<'_>> = batch
+            .iter()
+            .map(|m| Item {
+                id: &m.id,
+                lease: &m.lease,
+                error: None,
+            })
+            .collect();
+        consumer::settle(&ctx, &urls, &items, false).await;
+        seen.received += firsts;
+        ctx.progress.finish(firsts, target);
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_stay_in_their_ranges() {
+        let (mut long, mut short) = (0, 0);
+        for n in 0..10_000 {
+            let (d, is_long) = delay_of(42, n, 10_000, 0.1);
+            if is_long {
+                long += 1;
+                assert!((20_000..30_000).contains(&d), "{d}");
+            } else {
+                short += 1;
+                assert!(d < 10_000, "{d}");
+            }
+        }
+        assert!((800..1_200).contains(&long), "{long} long of 10000");
+        assert_eq!(long + short, 10_000);
+        assert_eq!(delay_of(42, 7, 10_000, 0.1), delay_of(42, 7, 10_000, 0.1));
+        assert!((0..1000).all(|n| !delay_of(1, n, 10_000, 0.0).1));
+        assert!((0..1000).all(|n| delay_of(1, n, 10_000, 1.0).1));
+    }
+}

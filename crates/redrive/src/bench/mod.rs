@@ -1,0 +1,527 @@
+//! `redrive bench`: a load generator that drives a running server over HTTP and
+//! prints figures.
+//!
+//! Shape: N tasks on one multi-thread runtime share one `reqwest::Client` whose
+//! keep-alive pool holds N connections, so each task mostly reuses its own
+//! connection. Each task records into its own [`stats::Samples`]; the runner
+//! merges them at the end. Every workload is bounded (a duration, a message
+//! count, and `--timeout` as a last resort) and only talks to `--server`.
+//!
+//! After every workload the runner reads `GET /metrics` (before and after) and
+//! prints the group-commit figures: changes per commit and commits (fsyncs) per
+//! second (see [`prom`]).
+//!
+//! One file per family of workloads: [`publish`] (publish, publish-batch,
+//! scheduled), [`cycle`] (cycle, retry-cycle), [`delayed`].
+
+mod consumer;
+mod cycle;
+mod delayed;
+mod prom;
+mod publish;
+mod report;
+mod stats;
+
+use crate::cli::client::{api_error, http_client, transport_error, ApiClient};
+use crate::cli::output::print_json;
+use crate::cli::usage;
+use clap::{Args, ValueEnum};
+use redrive_core::{format_duration_ms, DurationMs};
+use report::{ErrorTally, Report};
+use reqwest::{header, Method, Url};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Longest time one bench request may take (a long poll waits at most 5 s).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pause after a failed request, so a dead server is not spun on.
+const ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// How often progress is printed on stderr (human output only).
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// Lease length the consumers ask for: far longer than a batch takes to ack.
+const BENCH_LEASE: &str = "30s";
+
+/// `redrive bench`.
+#[derive(Debug, Args)]
+#[command(after_long_help = BENCH_HELP)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Workload::Publish)]
+    pub workload: Workload,
+    /// Concurrent connections (one task each).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub connections: u32,
+    /// Run length of publish and publish-batch.
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub duration: DurationMs,
+    /// Messages to move. publish/publish-batch: stop after this many (else after --duration);
+    /// cycle: 100000, retry-cycle: 50000, delayed: 20000, scheduled: 1000000 by default.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub messages: Option<u64>,
+    /// Messages per batch publish, lease and batch ack/nack.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch: u32,
+    /// Queue to use (default: a new one per run, bench-<pid>-<millis>; retry-cycle: bench-retry).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Approximate size of each payload, bytes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub payload_bytes: u32,
+    /// Publishing connections in cycle, retry-cycle and delayed (default: a quarter of --connections).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub publishers: Option<u32>,
+    /// delayed: short delays are uniform in [0, spread).
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub spread: DurationMs,
+    /// delayed: fraction of long delays, uniform in [2 × spread, 3 × spread).
+    #[arg(long, default_value_t = 0.1, value_parser = parse_fraction)]
+    pub long_fraction: f64,
+    /// scheduled: how far in the future the messages are due.
+    #[arg(long, default_value = "1d", value_name = "DURATION")]
+    pub ahead: DurationMs,
+    /// Last-resort bound on count-driven workloads (delayed adds 3 × spread); the run then reports what it saw.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub timeout: DurationMs,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const BENCH_HELP: &str = "\
+Workloads (each stops by itself; run against a server started separately):
+
+  publish        one message per POST; msg/s and request latency
+  publish-batch  POST {\"messages\": [--batch items]}; msg/s
+  cycle          publishers batch-publish --messages while consumers lease (max --batch,
+                 wait 1s) and batch-ack; acked msg/s and publish→ack latency
+  retry-cycle    publish; first delivery is nacked (transient), the retry is acked;
+                 full retry cycles/s. Needs a zero-delay policy on its queue
+                 (default bench-retry), e.g. start the server with:
+                     [queues.\"bench-retry\".retry]
+                     backoff = \"fixed\"
+                     initial_delay = \"0s\"
+                     jitter = \"none\"
+                 The bench checks the policy first, and that every retry comes back.
+  delayed        publish with deliver_at spread over --spread (plus --long-fraction of
+                 long ones, to expose head-of-line blocking); consumers long-poll (wait 5s)
+                 and ack; lateness (receive − due) p50/p90/p99/max, short vs long
+  scheduled      publish --messages (default 1,000,000) due --ahead (default 1d) in
+                 batches; publish rate. RSS, disk and restart time are for a script
+                 to measure afterwards.
+
+Every workload ends with the server's group-commit figures from /metrics:
+changes per commit and commits (fsyncs) per second.
+
+Examples:
+  redrive serve --data-dir /tmp/rd &
+  redrive bench --workload publish --connections 64 --duration 10s
+  redrive bench --workload cycle --messages 200000 --batch 100 --json";
+
+/// The workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// One message per request.
+    Publish,
+    /// --batch messages per request.
+    PublishBatch,
+    /// Publish, lease, ack.
+    Cycle,
+    /// Publish, lease, nack, lease again, ack.
+    RetryCycle,
+    /// Delayed delivery lateness.
+    Delayed,
+    /// Many messages due far in the future.
+    Scheduled,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Publish => "publish",
+            Workload::PublishBatch => "publish-batch",
+            Workload::Cycle => "cycle",
+            Workload::RetryCycle => "retry-cycle",
+            Workload::Delayed => "delayed",
+            Workload::Scheduled => "scheduled",
+        }
+    }
+
+    /// The default message count of count-driven workloads.
+    fn default_messages(self) -> Option<u64> {
+        match self {
+            Workload::Publish | Workload::PublishBatch => None,
+            Workload::Cycle => Some(100_000),
+            Workload::RetryCycle => Some(50_000),
+            Workload::Delayed => Some(20_000),
+            Workload::Scheduled => Some(1_000_000),
+        }
+    }
+}
+
+/// `--long-fraction`: a number in [0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number between 0 and 1, got {s:?}")),
+    }
+}
+
+/// Everything the tasks of a run share.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The server.
+    pub api: ApiClient,
+    /// The queue of the run.
+    pub queue: String,
+    /// Tags this run's payloads (`"run"`), so leftovers of other runs are recognised.
+    pub run_id: String,
+    /// Payload padding, `--payload-bytes` long.
+    pub pad: String,
+    /// Errors by kind.
+    pub errors: ErrorTally,
+    /// Progress counters for the ticker.
+    pub progress: Progress,
+}
+
+/// Counters the progress ticker prints.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Messages published (2xx).
+    pub published: AtomicU64,
+    /// Messages finished (acked, or for publish workloads, the same as published).
+    pub finished: AtomicU64,
+    /// Set when the run reached its target or gave up.
+    pub done: AtomicBool,
+    /// When the target was reached.
+    pub reached_at: OnceLock<Instant>,
+}
+
+impl Progress {
+    /// Add `n` finished messages; when they reach `target`, mark the run done.
+    pub fn finish(&self, n: u64, target: u64) {
+        let total = self.finished.fetch_add(n, Ordering::Relaxed) + n;
+        if total >= target {
+            let _ = self.reached_at.set(Instant::now());
+            self.done.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the run is over.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+impl Ctx {
+    /// A URL under the server.
+    pub fn url(&self, segments: &[&str]) -> Url {
+        self.api.url(segments, &[])
+    }
+
+    /// POST a JSON body; the answer's bytes on 2xx, `None` (error counted) otherwise.
+    pub async fn post(&self, url: &Url, body: String) -> Option<bytes::Bytes> {
+        let sent = self
+            .api
+            .http()
+            .post(url.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let kind = if e.is_connect() {
+                    "connect"
+                } else if e.is_timeout() {
+                    "timeout"
+                } else {
+                    "transport"
+                };
+                self.errors
+                    .record(kind, format!("{:#}", transport_error(url, e)));
+                tokio::time::sleep(ERROR_PAUSE).await;
+                return None;
+            }
+        };
+        let status = resp.status();
+        match resp.bytes().await {
+            Ok(b) if status.is_success() => Some(b),
+            Ok(b) => {
+                let e = api_error(status, &String::from_utf8_lossy(&b));
+                let kind = match &e {
+                    crate::cli::CliError::Api { status, code, .. } => {
+                        format!("http {status} {code}")
+                    }
+                    _ => format!("http {}", status.as_u16()),
+                };
+                self.errors.record(kind, e.to_string());
+                tokio::time::sleep(ERROR_PAUSE).await;
+                None
+            }
+            Err(e) => {
+                self.errors.record("body", e.to_string());
+                None
+            }
+        }
+    }
+
+    /// A payload `{"run", "n", "t" (µs since the epoch at send), extra…, "pad"}`.
+    pub fn payload(&self, n: u64, extra: &str) -> String {
+        format!(
+            r#"{{"run":"{}","n":{n},"t":{}{extra},"pad":"{}"}}"#,
+            self.run_id,
+            now_us(),
+            self.pad
+        )
+    }
+}
+
+/// Wall-clock microseconds since the epoch.
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Claim up to `want` of the `limit` slots counted by `counter`: answers the
+/// message numbers granted (empty once the limit is reached). Without a limit,
+/// all are granted.
+pub fn claim(counter: &AtomicU64, want: u64, limit: Option<u64>) -> std::ops::Range<u64> {
+    let start = counter.fetch_add(want, Ordering::Relaxed);
+    match limit {
+        None => start..start + want,
+        Some(limit) if start >= limit => start..start,
+        Some(limit) => start..start + want.min(limit - start),
+    }
+}
+
+/// Run the bench: preflight, workload, commit figures, report.
+pub fn run(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(run_async(server, token, args))
+}
+
+async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow::Result<()> {
+    let connections = args.connections as usize;
+    let api = ApiClient::new(server.clone(), http_client(token, connections)?);
+    let run_id = format!("{}-{}", std::process::id(), now_us() / 1000);
+    let queue = match (&args.queue, args.workload) {
+        (Some(q), _) => q.clone(),
+        (None, Workload::RetryCycle) => "bench-retry".to_owned(),
+        (None, _) => format!("bench-{run_id}"),
+    };
+    redrive_core::validate_queue_name(&queue).map_err(|e| usage(format!("--queue: {e}")))?;
+    let ctx = Arc::new(Ctx {
+        api,
+        queue,
+        run_id,
+        pad: "x".repeat(args.payload_bytes.saturating_sub(48) as usize),
+        errors: ErrorTally::default(),
+        progress: Progress::default(),
+    });
+
+    // Preflight: is the server there at all (exit 3 if not)?
+    ctx.api
+        .json(Method::GET, ctx.url(&["healthz"]), None)
+        .await
+        .or_else(|e| {
+            // /healthz may answer plain text; only an unreachable server is fatal here.
+            match e.downcast_ref::<crate::cli::CliError>() {
+                Some(crate::cli::CliError::Unreachable { .. }) => Err(e),
+                _ => Ok(serde_json::Value::Null),
+            }
+        })?;
+
+    let messages = args.messages.or(args.workload.default_messages());
+    if !args.json {
+        let bound = match messages {
+            Some(m) if args.workload.default_messages().is_some() => format!("{m} messages"),
+            Some(m) => format!("{m} messages or {}", format_duration_ms(args.duration.ms())),
+            None => format_duration_ms(args.duration.ms()),
+        };
+        eprintln!(
+            "bench {}: queue {}, {} connections, batch {}, {bound}, server {}",
+            args.workload.name(),
+            ctx.queue,
+            connections,
+            args.batch,
+            server
+        );
+    }
+
+    let before = metrics_snapshot(&ctx).await;
+    let ticker = (!args.json).then(|| tokio::spawn(progress_ticker(ctx.clone())));
+    let mut report = Report::new();
+    report.text("workload", "workload", args.workload.name());
+    report.text("queue", "queue", ctx.queue.clone());
+    report.count("connections", "connections", connections as u64);
+    let started = Instant::now();
+    let result = match args.workload {
+        Workload::Publish | Workload::PublishBatch | Workload::Scheduled => {
+            publish::run(ctx.clone(), &args, messages, &mut report).await
+        }
+        Workload::Cycle | Workload::RetryCycle => {
+            cycle::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await
+        }
+        Workload::Delayed => {
+            delayed::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await
+        }
+    };
+    ctx.progress.done.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    result?;
+    let after = metrics_snapshot(&ctx).await;
+    report.secs(
+        "wall_s",
+        "wall time (incl. drain)",
+        started.elapsed().as_secs_f64(),
+    );
+    report.commits(match (before, after) {
+        (Some(b), Some(a)) => b.until(&a),
+        _ => None,
+    });
+    report.errors(&ctx.errors);
+
+    if args.json {
+        print_json(&report.to_json());
+    } else {
+        print!("{}", report.render());
+    }
+    match report.incomplete.take() {
+        Some(why) => Err(anyhow::anyhow!("bench incomplete: {why}")),
+        None => Ok(()),
+    }
+}
+
+/// Read the commit counters from `/metrics` (`None` if unavailable; the bench goes on).
+async fn metrics_snapshot(ctx: &Ctx) -> Option<prom::Snapshot> {
+    let url = ctx.url(&["metrics"]);
+    let resp = ctx
+        .api
+        .http()
+        .get(url)
+        .timeout(REQUEST_TIMEOUT)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let text = resp.text().await.ok()?;
+    Some(prom::Snapshot::parse(&text, Instant::now()))
+}
+
+/// Print progress on stderr every [`PROGRESS_EVERY`] until the run is done.
+async fn progress_ticker(ctx: Arc<Ctx>) {
+    let start = Instant::now();
+    let mut last = (0u64, start);
+    loop {
+        tokio::time::sleep(PROGRESS_EVERY).await;
+        if ctx.progress.is_done() {
+            return;
+        }
+        let published = ctx.progress.published.load(Ordering::Relaxed);
+        let finished = ctx.progress.finished.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let rate =
+            (finished - last.0.min(finished)) as f64 / now.duration_since(last.1).as_secs_f64();
+        last = (finished, now);
+        eprintln!(
+            "  {:>6.1}s  published {published}  finished {finished}  ({:.0}/s)  errors {}",
+            start.elapsed().as_secs_f64(),
+            rate,
+            ctx.errors.total()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Cli, Command};
+    use clap::Parser;
+
+    fn bench_args(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut full = vec!["redrive", "bench"];
+        full.extend_from_slice(argv);
+        match Cli::try_parse_from(full)?.command {
+            Command::Bench(a) => Ok(a),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let a = bench_args(&[]).unwrap();
+        assert_eq!(a.workload, Workload::Publish);
+        assert_eq!(a.connections, 64);
+        assert_eq!(a.duration.ms(), 10_000);
+        assert_eq!(a.batch, 100);
+        assert_eq!(a.messages, None);
+        let a = bench_args(&["--workload", "retry-cycle", "--messages", "10", "--json"]).unwrap();
+        assert_eq!(a.workload, Workload::RetryCycle);
+        assert_eq!(a.messages, Some(10));
+        assert!(a.json);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (argv, flag) in [
+            (&["--workload", "fast"][..], "--workload"),
+            (&["--connections", "0"][..], "--connections"),
+            (&["--duration", "long"][..], "--duration"),
+            (&["--long-fraction", "2"][..], "--long-fraction"),
+        ] {
+            let e = bench_args(argv).unwrap_err();
+            assert!(e.to_string().contains(flag), "{argv:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn claims_stop_at_the_limit() {
+        let c = AtomicU64::new(0);
+        assert_eq!(claim(&c, 100, Some(250)), 0..100);
+        assert_eq!(claim(&c, 100, Some(250)), 100..200);
+        assert_eq!(claim(&c, 100, Some(250)), 200..250);
+        assert!(claim(&c, 100, Some(250)).is_empty());
+        assert_eq!(claim(&c, 7, None).count(), 7);
+    }
+
+    #[test]
+    fn progress_marks_done_at_target() {
+        let p = Progress::default();
+        p.finish(5, 10);
+        assert!(!p.is_done());
+        p.finish(5, 10);
+        assert!(p.is_done());
+        assert!(p.reached_at.get().is_some());
+    }
+
+    #[test]
+    fn payload_is_json() {
+        let ctx = Ctx {
+            api: ApiClient::new(
+                Url::parse("http://127.0.0.1:1").unwrap(),
+                reqwest::Client::new(),
+            ),
+            queue: "q".into(),
+            run_id: "1-2".into(),
+            pad: "xx".into(),
+            errors: ErrorTally::default(),
+            progress: Progress::default(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&ctx.payload(7, r#","due":5"#)).unwrap();
+        assert_eq!(v["run"], "1-2");
+        assert_eq!(v["n"], 7);
+        assert_eq!(v["due"], 5);
+        assert!(v["t"].as_i64().unwrap() > 0);
+    }
+}
