@@ -20,6 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use waiters::Waiters;
 
+/// Consumers woken per queue when a tick makes messages ready; each one that
+/// leases a full batch wakes the next, so a large backlog drains in parallel
+/// without waking every idle consumer for a handful of messages.
+const TICK_WAKE_CONSUMERS: usize = 4;
+
 /// The engine. Shared by every request handler and background task.
 pub struct Engine {
     store: Arc<dyn Store>,
@@ -93,7 +98,7 @@ impl Engine {
     /// Publish (all or nothing).
     pub async fn publish(&self, items: Vec<NewMessage>) -> Result<Vec<Published>, StoreError> {
         let out = self.store.publish(items, Timestamp::now()).await?;
-        let mut ready_queues: Vec<&str> = Vec::new();
+        let mut ready: Vec<(&str, usize)> = Vec::new();
         for p in &out {
             if p.replayed {
                 continue;
@@ -102,13 +107,15 @@ impl Engine {
             if let Some(f) = &p.failure {
                 self.metrics.failed(f, None);
             }
-            if p.message.state == State::Ready && !ready_queues.contains(&p.message.queue.as_str())
-            {
-                ready_queues.push(&p.message.queue);
+            if p.message.state == State::Ready {
+                match ready.iter_mut().find(|(q, _)| *q == p.message.queue) {
+                    Some((_, n)) => *n += 1,
+                    None => ready.push((&p.message.queue, 1)),
+                }
             }
         }
-        for q in ready_queues {
-            self.waiters.wake(q);
+        for (q, n) in ready {
+            self.waiters.wake(q, n);
         }
         Ok(out)
     }
@@ -140,6 +147,10 @@ impl Engine {
                 for l in &leased {
                     self.metrics.leased(queue, l.lateness_ms);
                 }
+                if leased.len() == max as usize {
+                    // A full batch: more may be ready. Pass the wake-up on (see `Waiters`).
+                    self.waiters.wake(queue, 1);
+                }
                 return Ok(leased);
             }
             tokio::select! {
@@ -161,7 +172,7 @@ impl Engine {
         for a in out.iter().flatten() {
             self.metrics.acked(&a.message.queue, a.message.attempts);
             if a.message.key.is_some() && self.key_ordered(&a.message.queue) {
-                self.waiters.wake(&a.message.queue);
+                self.waiters.wake(&a.message.queue, 1);
             }
         }
         Ok(out)
@@ -184,7 +195,7 @@ impl Engine {
         let m = &f.message;
         let unblocks_key = m.state == State::Dead && m.key.is_some() && self.key_ordered(&m.queue);
         if m.state == State::Ready || unblocks_key {
-            self.waiters.wake(&m.queue);
+            self.waiters.wake(&m.queue, 1);
         }
     }
 
@@ -196,7 +207,7 @@ impl Engine {
     /// Redrive a dead or scheduled message.
     pub async fn redrive(&self, id: MessageId) -> Result<Message, StoreError> {
         let m = self.store.redrive(id, Timestamp::now()).await?;
-        self.waiters.wake(&m.queue);
+        self.waiters.wake(&m.queue, 1);
         Ok(m)
     }
 
@@ -205,7 +216,7 @@ impl Engine {
         let m = self.store.kill(id, reason, Timestamp::now()).await?;
         self.metrics.dead(&m.queue, "killed");
         if m.key.is_some() && self.key_ordered(&m.queue) {
-            self.waiters.wake(&m.queue);
+            self.waiters.wake(&m.queue, 1);
         }
         Ok(m)
     }
@@ -214,7 +225,7 @@ impl Engine {
     pub async fn delete(&self, id: MessageId) -> Result<Message, StoreError> {
         let m = self.store.delete(id).await?;
         if m.key.is_some() && self.key_ordered(&m.queue) {
-            self.waiters.wake(&m.queue);
+            self.waiters.wake(&m.queue, 1);
         }
         Ok(m)
     }
@@ -226,7 +237,7 @@ impl Engine {
             self.after_failure(f, "lease_expired");
         }
         for q in &t.ready_queues {
-            self.waiters.wake(q);
+            self.waiters.wake(q, TICK_WAKE_CONSUMERS);
         }
         Ok(())
     }

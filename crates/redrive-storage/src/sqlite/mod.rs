@@ -9,6 +9,7 @@
 //! *earliest* due time (an index seek), so a million scheduled messages cost
 //! disk, not RAM.
 
+mod checkpoint;
 mod group_commit;
 mod reads;
 mod row;
@@ -86,6 +87,9 @@ impl SqliteOptions {
     }
 }
 
+/// Page size of a new database (an existing one keeps its own); see `schema` for why 1 KiB.
+const PAGE_SIZE: u32 = 1024;
+
 /// Depth of the writer's job queue: bounded, so a flood of requests waits in
 /// their handlers (back-pressure) rather than in an unbounded buffer.
 const WRITER_QUEUE_DEPTH: usize = 8_192;
@@ -98,6 +102,7 @@ pub struct SqliteStore {
     counts: Arc<Mutex<Counts>>,
     readers: Arc<reads::ReaderPool>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -125,7 +130,7 @@ fn open_connection(
         Durability::UnsafeBuffered => "NORMAL",
     };
     conn.execute_batch(&format!(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA cache_size = -{}; \
+        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA cache_size = -{}; \
          PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = 67108864;",
         opts.cache_mib as u64 * 1024
     ))?;
@@ -141,6 +146,8 @@ impl SqliteStore {
         })?;
         let path = opts.data_dir.join("redrive.db");
         let conn = open_connection(&path, &opts, true)?;
+        // Checkpoints run on their own thread (see `checkpoint`), not inside commits.
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
         schema::migrate(&conn)?;
         let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
         let next_wake = reads::next_wake(&conn)?;
@@ -164,6 +171,9 @@ impl SqliteStore {
             .name("redrive-writer".into())
             .spawn(move || group_commit::run(state, rx, writer_shared, wake_tx))
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+        let checkpointer =
+            checkpoint::Checkpointer::start(path.clone(), opts.clone(), shared.clone())
+                .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
         let readers = Arc::new(reads::ReaderPool::new(path, opts));
         Ok(Self {
             jobs: tx,
@@ -172,6 +182,7 @@ impl SqliteStore {
             counts,
             readers,
             writer: Mutex::new(Some(writer)),
+            checkpointer: Mutex::new(Some(checkpointer)),
         })
     }
 
@@ -327,6 +338,10 @@ impl Store for SqliteStore {
         let (tx, rx) = oneshot::channel();
         if self.jobs.send(Command::Close(tx)).await.is_ok() {
             let _ = rx.await;
+        }
+        let checkpointer = self.checkpointer.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut c) = checkpointer {
+            let _ = tokio::task::spawn_blocking(move || c.stop()).await;
         }
         let handle = self.writer.lock().ok().and_then(|mut w| w.take());
         if let Some(h) = handle {

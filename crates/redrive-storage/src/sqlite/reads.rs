@@ -120,9 +120,13 @@ pub fn search(
         clauses.push("queue = ?");
         args.push(Value::Text(q.clone()));
     }
+    // The state is inlined as a literal (it is a small integer of an enum, not user text):
+    // SQLite uses a partial index (`ix_dead`, `ix_ready` …) only when the query's WHERE
+    // literally implies the index's.
+    let state_clause;
     if let Some(s) = filter.state {
-        clauses.push("state = ?");
-        args.push(Value::Integer(s.code() as i64));
+        state_clause = format!("state = {}", s.code());
+        clauses.push(&state_clause);
     }
     if let Some(k) = &filter.key {
         clauses.push("msg_key = ?");

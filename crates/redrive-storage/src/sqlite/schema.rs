@@ -6,8 +6,20 @@
 //! scheduler: earliest due time), `ix_leased` (the reaper: earliest lease
 //! expiry), `ix_done` (purge), `ix_key` (per-key ordering: earlier pending
 //! messages of a key), `ix_key_leased` (per-key ordering: is any message of
-//! a key leased), `ix_queue_state` (operator search by queue and state, newest
-//! first).
+//! a key leased), `ix_queue` (operator search by queue, newest first) and
+//! `ix_dead` (dead letters of a queue, newest first).
+//!
+//! Write amplification shapes this list. Every index a transition touches is a
+//! page rewritten into the WAL at commit; an index ordered by time (`ix_ready`,
+//! `ix_scheduled`, `ix_leased`, `ix_done`) is touched near its end, so the
+//! transitions of one commit share its pages, while an index ordered by `seq`
+//! and keyed by state would take a random page per transition (messages fall
+//! due in any order). So no general index includes `state`: only the partial
+//! ones do, and `ix_dead` changes only when a message dies or leaves death.
+//! The page size is 1 KiB for the same reason: a transition rewrites its row's
+//! page, and a 1 KiB page costs a quarter of the WAL bytes of a 4 KiB one when
+//! rows are touched in random order (measured: 313 KB of WAL per commit with
+//! 4 KiB pages on the delayed-delivery benchmark).
 
 use rusqlite::Connection;
 
@@ -48,7 +60,8 @@ CREATE INDEX IF NOT EXISTS ix_leased ON messages(lease_expires_at) WHERE state =
 CREATE INDEX IF NOT EXISTS ix_done ON messages(finished_at) WHERE state = 3;
 CREATE INDEX IF NOT EXISTS ix_key ON messages(queue, msg_key, seq) WHERE msg_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_key_leased ON messages(queue, msg_key) WHERE state = 2;
-CREATE INDEX IF NOT EXISTS ix_queue_state ON messages(queue, state, seq);
+CREATE INDEX IF NOT EXISTS ix_queue ON messages(queue, seq);
+CREATE INDEX IF NOT EXISTS ix_dead ON messages(queue, seq) WHERE state = 4;
 CREATE TABLE IF NOT EXISTS idempotency (
   queue       TEXT NOT NULL,
   ikey        TEXT NOT NULL,

@@ -5,6 +5,9 @@
 //! `[2 × spread, 3 × spread)`) and interleaved with the short ones, so a
 //! scheduler that let a long message hold up later short ones (head-of-line
 //! blocking, the TTL-queue ladder problem) would show in the short figures.
+//! Due times start `--lead` after the run starts, so every message is
+//! published before the first is due (the figure is the scheduler's accuracy
+//! at a delivery rate of messages / spread, not the publish path's saturation).
 //! The message is sent with `deliver_at` (RFC 3339, ms) and carries its due
 //! time in its payload. Consumers long-poll (`wait` 5 s, max 100) and ack;
 //! lateness = receive time − due time, for first deliveries only.
@@ -66,10 +69,22 @@ pub async fn run(
         .min(connections);
     let consumers = connections.saturating_sub(publishers).max(1);
     let start = Instant::now();
-    let deadline = start + Duration::from_millis(args.timeout.ms().saturating_add(3 * spread_ms));
+    let deadline = start
+        + Duration::from_millis(
+            args.timeout
+                .ms()
+                .saturating_add(3 * spread_ms)
+                .saturating_add(args.lead.ms()),
+        );
+    let lead_ms = args.lead.ms();
+    let base = Timestamp::now().plus_ms(lead_ms);
     let item: ItemFn = Arc::new(move |ctx: &Ctx, n: u64| {
         let (delay, long) = delay_of(seed, n, spread_ms, long_fraction);
-        let due = Timestamp::now().plus_ms(delay);
+        let due = if lead_ms == 0 {
+            Timestamp::now().plus_ms(delay)
+        } else {
+            base.plus_ms(delay)
+        };
         format!(
             r#"{{"payload":{},"deliver_at":"{}"}}"#,
             ctx.payload(n, &format!(r#","due":{},"long":{long}"#, due.as_millis())),

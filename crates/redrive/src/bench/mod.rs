@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// delayed: short delays are uniform in [0, spread).
     #[arg(long, default_value = "10s", value_name = "DURATION")]
     pub spread: DurationMs,
+    /// delayed: every due time is run start + lead + delay, so all messages are published
+    /// (in batches) before the first one is due, and lateness measures the scheduler, not a
+    /// server saturated by the publishing itself. `0s` publishes while deliveries run.
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
+    pub lead: DurationMs,
     /// delayed: fraction of long delays, uniform in [2 × spread, 3 × spread).
     #[arg(long, default_value_t = 0.1, value_parser = parse_fraction)]
     pub long_fraction: f64,
@@ -103,7 +108,8 @@ Workloads (each stops by itself; run against a server started separately):
                      initial_delay = \"0s\"
                      jitter = \"none\"
                  The bench checks the policy first, and that every retry comes back.
-  delayed        publish with deliver_at spread over --spread (plus --long-fraction of
+  delayed        publish with deliver_at = start + --lead + delay, delays spread over
+                 --spread (plus --long-fraction of
                  long ones, to expose head-of-line blocking); consumers long-poll (wait 5s)
                  and ack; lateness (receive − due) p50/p90/p99/max, short vs long
   scheduled      publish --messages (default 1,000,000) due --ahead (default 1d) in
