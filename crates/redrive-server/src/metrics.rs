@@ -156,7 +156,7 @@ impl Metrics {
         let commit_batch = Histogram::new(BATCH_BUCKETS);
         registry.register(
             "redrive_commit_batch_size",
-            "Transitions per storage commit",
+            "Message transitions per storage commit",
             commit_batch.clone(),
         );
         let commit_seconds = Histogram::new(COMMIT_BUCKETS);
@@ -174,7 +174,7 @@ impl Metrics {
         let commit_changes = Counter::default();
         registry.register(
             "redrive_commit_changes",
-            "Transitions committed",
+            "Message transitions committed (published, promoted, leased, acked, nacked …)",
             commit_changes.clone(),
         );
         let done_purged = Family::<QueueLabel, Counter>::default();

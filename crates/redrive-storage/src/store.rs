@@ -218,7 +218,7 @@ pub trait Store: Send + Sync + 'static {
 pub struct CommitStats {
     /// Transactions committed.
     pub commits: u64,
-    /// Transitions (commands) committed.
+    /// Message transitions committed (a message published, leased, acked … is one each).
     pub changes: u64,
     /// Total seconds spent in commit (fsync included).
     pub commit_seconds: f64,

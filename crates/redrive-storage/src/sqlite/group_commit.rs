@@ -46,7 +46,7 @@ pub struct Shared {
     pub poisoned: Mutex<Option<String>>,
     /// Commit counters.
     pub stats: Mutex<CommitStats>,
-    /// Called after every commit with (jobs in the batch, seconds in COMMIT).
+    /// Called after every commit with (message transitions in it, seconds in COMMIT).
     pub observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
 }
 
@@ -143,14 +143,14 @@ fn commit_batch(
     let secs = started.elapsed().as_secs_f64();
     match committed {
         Ok(()) => {
-            let wake = state.finish_batch();
+            let (wake, changes) = state.finish_batch();
             if let Ok(mut s) = shared.stats.lock() {
                 s.commits += 1;
-                s.changes += n as u64;
+                s.changes += changes as u64;
                 s.commit_seconds += secs;
             }
             if let Some(obs) = &shared.observer {
-                obs(n, secs);
+                obs(changes, secs);
             }
             wake_tx.send_if_modified(|w| {
                 if *w != wake {

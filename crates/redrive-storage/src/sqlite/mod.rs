@@ -58,7 +58,7 @@ pub struct SqliteOptions {
     pub seed: Option<u64>,
     /// SQLite page cache per connection, MiB.
     pub cache_mib: u32,
-    /// Called after each commit with (jobs in the batch, seconds in COMMIT).
+    /// Called after each commit with (message transitions in it, seconds in COMMIT).
     pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
 }
 

@@ -94,7 +94,9 @@ impl WriterState {
     }
 
     /// After a successful commit: publish counts, return the new wake hint.
-    pub fn finish_batch(&mut self) -> Option<Timestamp> {
+    /// Returns the wake hint and the number of message transitions committed.
+    pub fn finish_batch(&mut self) -> (Option<Timestamp>, usize) {
+        let changes = self.batch_delta.len();
         if let Ok(mut counts) = self.counts.lock() {
             for (queue, from, to) in self.batch_delta.drain(..) {
                 let c = counts.entry(queue).or_insert([0; 5]);
@@ -107,7 +109,7 @@ impl WriterState {
             }
             counts.retain(|_, c| c.iter().any(|n| *n != 0));
         }
-        self.batch_wake.map(Timestamp::from_millis)
+        (self.batch_wake.map(Timestamp::from_millis), changes)
     }
 
     pub fn abort_batch(&mut self) {

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run the benchmark workloads of docs/PERFORMANCE.md against a fresh release server on this
+# machine (server and load generator share the cores, as in the issue's targets).
+#
+#   scripts/bench.sh                 # workloads (a)–(e), then (f) with 1,000,000 scheduled messages
+#   SCHEDULED=100000 scripts/bench.sh
+#   WORKLOADS="publish delayed" scripts/bench.sh
+#
+# Each workload stops by itself; everything runs on 127.0.0.1. Output: one block per workload,
+# then the (f) figures: RSS after publishing, data-dir bytes per message, restart-to-ready time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WORKLOADS=${WORKLOADS:-"publish publish-batch cycle retry-cycle delayed scheduled"}
+SCHEDULED=${SCHEDULED:-1000000}
+PORT=${PORT:-7077}
+SERVER="http://127.0.0.1:$PORT"
+
+cargo build --release -p redrive --quiet
+BIN=$PWD/target/release/redrive
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+cat >"$WORK/bench.toml" <<'TOML'
+log = "warn"
+[queues."bench-retry".retry]
+backoff = "fixed"
+initial_delay = "0s"
+jitter = "none"
+TOML
+
+start() { # data dir
+  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" &
+  PID=$!
+  for _ in $(seq 1 500); do
+    curl -sf "$SERVER/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.01
+  done
+  echo "server did not become ready" >&2
+  exit 1
+}
+stop() { kill -TERM "$PID"; wait "$PID" || true; }
+
+echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
+echo "commit: $(git rev-parse --short HEAD)"
+if [ -x /usr/lib/postgresql/15/bin/pg_test_fsync ]; then
+  echo "fsync latency (pg_test_fsync, one 8 kB write + fdatasync):"
+  (cd "$WORK" && /usr/lib/postgresql/15/bin/pg_test_fsync -s 2 -f "$WORK/fsync.test" 2>/dev/null |
+    grep -E "fdatasync|fsync " | head -3) || true
+fi
+
+for w in $WORKLOADS; do
+  case $w in
+    scheduled)
+      DATA="$WORK/data-scheduled"
+      start "$DATA"
+      echo "== (f) scheduled: $SCHEDULED messages due in a day"
+      "$BIN" bench --server "$SERVER" --workload scheduled --messages "$SCHEDULED" --connections 8
+      rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$PID/status)
+      hwm_kb=$(awk '/VmHWM/ {print $2}' /proc/$PID/status)
+      stop
+      bytes=$(du -sb "$DATA" | cut -f1)
+      echo "server RSS after publishing: $((rss_kb / 1024)) MiB (peak $((hwm_kb / 1024)) MiB)"
+      echo "data dir: $((bytes / 1024 / 1024)) MiB, $((bytes / SCHEDULED)) bytes per message"
+      t0=$(date +%s%N)
+      start "$DATA"
+      t1=$(date +%s%N)
+      echo "restart to ready: $(((t1 - t0) / 1000000)) ms"
+      rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$PID/status)
+      echo "server RSS after restart: $((rss_kb / 1024)) MiB"
+      stop
+      ;;
+    *)
+      DATA="$WORK/data-$w"
+      start "$DATA"
+      echo "== $w"
+      "$BIN" bench --server "$SERVER" --workload "$w" --connections 64
+      stop
+      ;;
+  esac
+done
