@@ -1,7 +1,7 @@
 //! Reads: a pool of read-only connections, and the queries operators run.
 
 use super::row::Row;
-use super::schema::COLUMNS;
+use super::schema::{columns, COLUMNS};
 use super::transitions::Counts;
 use super::SqliteOptions;
 use crate::{MessageFilter, Page, QueueStats, StoreError};
@@ -83,9 +83,13 @@ pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
 }
 
 pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreError> {
-    let sql = format!("SELECT {COLUMNS}, history FROM messages WHERE id = ?1");
+    let sql = concat!(
+        "SELECT ",
+        columns!(),
+        ", history FROM messages WHERE id = ?1"
+    );
     let found: Option<(Row, String)> = conn
-        .prepare_cached(&sql)?
+        .prepare_cached(sql)?
         .query_row([id.to_string()], |r| Ok((Row::from_sql(r)?, r.get(22)?)))
         .optional()?;
     match found {

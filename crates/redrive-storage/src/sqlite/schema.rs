@@ -98,7 +98,16 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     Ok(())
 }
 
-/// The column list every message read uses, in [`super::row::Row`] order.
-pub const COLUMNS: &str = "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
-     headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
-     leased_at, lease_expires_at, finished_at, dead_reason, last_error";
+/// The column list every message read uses, in [`super::row::Row`] order, as a literal so
+/// that queries are `concat!`ed at compile time (no `format!` on the writer's hot path).
+macro_rules! columns {
+    () => {
+        "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
+         headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
+         leased_at, lease_expires_at, finished_at, dead_reason, last_error"
+    };
+}
+pub(crate) use columns;
+
+/// [`columns!`] as a constant, for queries assembled at run time.
+pub const COLUMNS: &str = columns!();

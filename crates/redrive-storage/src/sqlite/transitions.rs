@@ -7,7 +7,7 @@
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
 use super::row::Row;
-use super::schema::COLUMNS;
+use super::schema::columns;
 use crate::{
     Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
     StoreError, TickOutcome,
@@ -128,9 +128,9 @@ impl WriterState {
     // ---- row access ----
 
     fn row_by_id(&self, id: &MessageId) -> Result<Row, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM messages WHERE id = ?1");
+        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1");
         self.conn
-            .prepare_cached(&sql)?
+            .prepare_cached(sql)?
             .query_row([id.to_string()], Row::from_sql)
             .optional()?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
@@ -380,7 +380,8 @@ impl WriterState {
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
-                 finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10 WHERE seq = ?1",
+                 finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
+                 history = json_insert(history, '$[#]', json(?11)) WHERE seq = ?1",
             )?
             .execute(params![
                 row.seq,
@@ -393,8 +394,8 @@ impl WriterState {
                 row.dead_reason,
                 failure.class.as_str(),
                 row.last_error,
+                serde_json::to_string(&entry)?,
             ])?;
-        self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(from), Some(row.state));
         if row.state == State::Scheduled {
             if let Some(d) = row.due_at {
@@ -412,57 +413,75 @@ impl WriterState {
 
     pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
         let settings = self.catalog.get(&req.queue);
-        let sql = match settings.ordering {
-            Ordering::None => format!(
-                "SELECT {COLUMNS} FROM messages WHERE queue = ?1 AND state = 1 \
-                 ORDER BY priority DESC, due_at, seq LIMIT ?2"
-            ),
-            Ordering::Key => {
-                let blocking = match settings.on_dead {
-                    OnDead::Skip => "0, 1, 2",
-                    OnDead::Block => "0, 1, 2, 4",
-                };
-                // A ready message of a key is leasable when no earlier message of its key
-                // is pending (scheduled, ready, leased; dead too under `block`) and no
-                // message of its key at all is leased: an older message redriven while a
-                // later one is out must wait for it (one lease per key, SPEC §4).
-                format!(
-                    "SELECT {COLUMNS} FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR ( \
+        // One statement leases the whole batch: pick the ready rows (subquery), mark them
+        // leased, return them. SET expressions see the row as it was, so the token's attempt
+        // number is the new one. The token is `attempt-random`, random per lease call: it
+        // differs between any two leases of one message, which is all fencing needs.
+        //
+        // Under `ordering = "key"`, a ready message of a key is leasable when no earlier
+        // message of its key is pending (scheduled, ready, leased; dead too under `block`)
+        // and no message of its key at all is leased: an older message redriven while a
+        // later one is out must wait for it (one lease per key, SPEC §4).
+        macro_rules! lease_sql {
+            ($pick:expr) => {
+                concat!(
+                    "UPDATE messages SET state = 2, attempts = attempts + 1, \
+                     lease_token = (attempts + 1) || '-' || ?3, leased_at = ?4, lease_expires_at = ?5, \
+                     updated_at = ?4 WHERE seq IN (", $pick, ") RETURNING ", columns!()
+                )
+            };
+        }
+        macro_rules! keyed {
+            ($blocking:literal) => {
+                concat!(
+                    "SELECT seq FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR ( \
                      NOT EXISTS (SELECT 1 FROM messages p WHERE p.queue = ?1 AND p.msg_key = m.msg_key \
-                      AND p.seq < m.seq AND p.state IN ({blocking})) \
+                      AND p.seq < m.seq AND p.state IN (", $blocking, ")) \
                      AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.queue = ?1 AND l.msg_key = m.msg_key \
                       AND l.state = 2))) \
                      ORDER BY priority DESC, due_at, seq LIMIT ?2"
                 )
-            }
+            };
+        }
+        let sql = match (settings.ordering, settings.on_dead) {
+            (Ordering::None, _) => lease_sql!(
+                "SELECT seq FROM messages WHERE queue = ?1 AND state = 1 \
+                 ORDER BY priority DESC, due_at, seq LIMIT ?2"
+            ),
+            (Ordering::Key, OnDead::Skip) => lease_sql!(keyed!("0, 1, 2")),
+            (Ordering::Key, OnDead::Block) => lease_sql!(keyed!("0, 1, 2, 4")),
         };
-        let rows: Vec<Row> = self
-            .conn
-            .prepare_cached(&sql)?
-            .query_map(params![req.queue, req.max.max(1)], Row::from_sql)?
-            .collect::<Result<_, _>>()?;
         let expires = now.plus_ms(req.lease_ms);
+        let nonce = format!("{:016x}", self.rng.next_u64());
+        let mut rows: Vec<Row> = self
+            .conn
+            .prepare_cached(sql)?
+            .query_map(
+                params![
+                    req.queue,
+                    req.max.max(1),
+                    nonce,
+                    now.as_millis(),
+                    expires.as_millis()
+                ],
+                Row::from_sql,
+            )?
+            .collect::<Result<_, _>>()?;
+        // RETURNING has no order: restore the lease order.
+        rows.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.due_at.cmp(&b.due_at))
+                .then(a.seq.cmp(&b.seq))
+        });
         let mut out = Vec::with_capacity(rows.len());
-        for mut row in rows {
-            row.attempts += 1;
-            let token = format!("{}-{:016x}", row.attempts, self.rng.next_u64());
-            self.conn
-                .prepare_cached(
-                    "UPDATE messages SET state = 2, attempts = ?2, lease_token = ?3, leased_at = ?4, \
-                     lease_expires_at = ?5, updated_at = ?4 WHERE seq = ?1",
-                )?
-                .execute(params![row.seq, row.attempts, token, now.as_millis(), expires.as_millis()])?;
+        for row in rows {
             let lateness_ms = now.as_millis() - row.due_at.unwrap_or(now.as_millis());
-            row.state = State::Leased;
-            row.lease_token = Some(token.clone());
-            row.leased_at = Some(now.as_millis());
-            row.lease_expires_at = Some(expires.as_millis());
-            row.updated_at = now.as_millis();
             self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
             out.push(Leased {
                 message: row.to_message(None)?,
                 attempt: row.attempts,
-                token,
+                token: row.lease_token.clone().unwrap_or_default(),
                 expires_at: expires,
                 lateness_ms,
             });
@@ -481,6 +500,30 @@ impl WriterState {
     }
 
     pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Acked, StoreError> {
+        // Fast path, one statement: the live lease is acked and its history entry appended.
+        // The entry's timestamps are rendered by SQLite in the format of `Timestamp`.
+        let fast: Option<Row> = self
+            .conn
+            .prepare_cached(concat!(
+                "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, \
+                 history = json_insert(history, '$[#]', json_object('attempt', attempts, 'at', ?4, \
+                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch'), \
+                   'event', 'acked')) \
+                 WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 RETURNING ",
+                columns!()
+            ))?
+            .query_row(
+                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339()],
+                Row::from_sql,
+            )
+            .optional()?;
+        if let Some(row) = fast {
+            self.moved(&row.queue, Some(State::Leased), Some(State::Done));
+            return Ok(Acked {
+                message: row.to_message(None)?,
+            });
+        }
+        // Slow path: a retried ack of a done message, or an error to name.
         let mut row = self.row_by_id(&lease.id)?;
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
             return Ok(Acked {
@@ -610,10 +653,14 @@ impl WriterState {
     }
 
     fn full_message(&self, seq: i64) -> Result<Message, StoreError> {
-        let sql = format!("SELECT {COLUMNS}, history FROM messages WHERE seq = ?1");
+        let sql = concat!(
+            "SELECT ",
+            columns!(),
+            ", history FROM messages WHERE seq = ?1"
+        );
         let (row, history): (Row, String) = self
             .conn
-            .prepare_cached(&sql)?
+            .prepare_cached(sql)?
             .query_row([seq], |r| Ok((Row::from_sql(r)?, r.get(22)?)))?;
         row.to_message(Some(&history))
     }
@@ -636,12 +683,14 @@ impl WriterState {
                 ready_queues.push(q.clone());
             }
         }
-        let sql = format!(
-            "SELECT {COLUMNS} FROM messages WHERE state = 2 AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
+        let sql = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM messages WHERE state = 2 AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
         );
         let expired_rows: Vec<Row> = self
             .conn
-            .prepare_cached(&sql)?
+            .prepare_cached(sql)?
             .query_map(params![t, TICK_EXPIRE_LIMIT], Row::from_sql)?
             .collect::<Result<_, _>>()?;
         more |= expired_rows.len() as i64 >= TICK_EXPIRE_LIMIT;
