@@ -127,10 +127,11 @@ fn commit_batch(
     }
     state.begin_batch(*wake_tx.borrow());
     for job in batch.drain(..) {
-        let sp = state.conn.execute_batch("SAVEPOINT job");
+        // Cached statements: `execute_batch` would parse the SQL text again for every job.
+        let sp = exec_cached(&state.conn, "SAVEPOINT job");
         let (ok, reply) = job(state);
         if ok && sp.is_ok() {
-            let _ = state.conn.execute_batch("RELEASE job");
+            let _ = exec_cached(&state.conn, "RELEASE job");
             state.keep_command();
         } else {
             let _ = state.conn.execute_batch("ROLLBACK TO job; RELEASE job");
@@ -175,6 +176,10 @@ fn commit_batch(
             }
         }
     }
+}
+
+fn exec_cached(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute([])
 }
 
 fn poison(shared: &Shared, reason: &str) {
