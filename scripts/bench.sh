@@ -71,10 +71,17 @@ for w in $WORKLOADS; do
       stop
       ;;
     *)
+      # Counts per workload: large enough for steady figures on 2 cores (the (e):
+      # 100,000 messages due over 10 s).
+      case $w in
+        cycle | retry-cycle) extra=(--messages 200000) ;;
+        delayed) extra=(--messages 100000 --spread 10s) ;;
+        *) extra=(--duration 10s) ;;
+      esac
       DATA="$WORK/data-$w"
       start "$DATA"
       echo "== $w"
-      "$BIN" bench --server "$SERVER" --workload "$w" --connections 64
+      "$BIN" bench --server "$SERVER" --workload "$w" --connections 64 "${extra[@]}"
       stop
       ;;
   esac
