@@ -21,12 +21,28 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, DurationError> {
         .map_err(|_| DurationError(s.to_owned()))
 }
 
-/// Render milliseconds the way a person writes them: `1h 30m`, `250ms`, `0s`.
+/// Render milliseconds the way a person writes them: `7d`, `1h 30m`, `250ms`, `0s`
+/// (parseable by [`parse_duration_ms`]).
 pub fn format_duration_ms(ms: u64) -> String {
     if ms == 0 {
         return "0s".to_owned();
     }
-    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+    const UNITS: [(u64, &str); 5] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ];
+    let mut rest = ms;
+    let mut parts = Vec::new();
+    for (size, unit) in UNITS {
+        if rest >= size {
+            parts.push(format!("{}{unit}", rest / size));
+            rest %= size;
+        }
+    }
+    parts.join(" ")
 }
 
 /// A duration held as milliseconds that (de)serializes as a humantime string.
@@ -93,7 +109,10 @@ mod tests {
 
     #[test]
     fn formats_round_trip() {
-        for ms in [0, 1, 250, 1000, 90_000, 7_200_000] {
+        assert_eq!(format_duration_ms(604_800_000), "7d");
+        assert_eq!(format_duration_ms(90_061_001), "1d 1h 1m 1s 1ms");
+        assert_eq!(format_duration_ms(250), "250ms");
+        for ms in [0, 1, 250, 1000, 90_000, 7_200_000, 604_800_000, 90_061_001] {
             assert_eq!(parse_duration_ms(&format_duration_ms(ms)).unwrap(), ms);
         }
     }
