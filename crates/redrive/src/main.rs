@@ -15,7 +15,7 @@
 mod bench;
 mod cli;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use redrive_core::{Backoff, DurationMs, Jitter};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -122,9 +122,9 @@ pub struct ExplainArgs {
     /// Start from a named preset.
     #[arg(long, value_parser = ["rocketmq", "sidekiq", "svix"])]
     pub preset: Option<String>,
-    /// Backoff shape.
-    #[arg(long, value_enum)]
-    pub backoff: Option<BackoffArg>,
+    /// Backoff shape: fixed, linear, exponential, decorrelated, schedule, sidekiq.
+    #[arg(long, value_parser = parse_snake_enum::<Backoff>)]
+    pub backoff: Option<Backoff>,
     /// First retry delay, e.g. 1s.
     #[arg(long, value_name = "DURATION")]
     pub initial_delay: Option<DurationMs>,
@@ -134,9 +134,9 @@ pub struct ExplainArgs {
     /// Cap on one delay, e.g. 15m.
     #[arg(long, value_name = "DURATION")]
     pub max_delay: Option<DurationMs>,
-    /// Jitter.
-    #[arg(long, value_enum)]
-    pub jitter: Option<JitterArg>,
+    /// Jitter: none, full ([0, d]), equal ([d/2, d]), decorrelated.
+    #[arg(long, value_parser = parse_snake_enum::<Jitter>)]
+    pub jitter: Option<Jitter>,
     /// Deliveries in all, the first included (≥ 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: Option<u32>,
@@ -151,58 +151,10 @@ pub struct ExplainArgs {
     pub json: bool,
 }
 
-/// `--backoff` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackoffArg {
-    /// The initial delay every time.
-    Fixed,
-    /// initial_delay × n.
-    Linear,
-    /// initial_delay × multiplier^(n-1).
-    Exponential,
-    /// Random between initial_delay and 3 × the previous delay.
-    Decorrelated,
-    /// The --schedule list; its last entry repeats.
-    Schedule,
-    /// Sidekiq's n⁴ + 15 + rand(10)·(n+1) seconds.
-    Sidekiq,
-}
-
-impl From<BackoffArg> for Backoff {
-    fn from(b: BackoffArg) -> Self {
-        match b {
-            BackoffArg::Fixed => Backoff::Fixed,
-            BackoffArg::Linear => Backoff::Linear,
-            BackoffArg::Exponential => Backoff::Exponential,
-            BackoffArg::Decorrelated => Backoff::Decorrelated,
-            BackoffArg::Schedule => Backoff::Schedule,
-            BackoffArg::Sidekiq => Backoff::Sidekiq,
-        }
-    }
-}
-
-/// `--jitter` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum JitterArg {
-    /// Exactly the delay.
-    None,
-    /// Uniform in [0, d].
-    Full,
-    /// Uniform in [d/2, d].
-    Equal,
-    /// Uniform in [initial_delay, 3 × previous delay].
-    Decorrelated,
-}
-
-impl From<JitterArg> for Jitter {
-    fn from(j: JitterArg) -> Self {
-        match j {
-            JitterArg::None => Jitter::None,
-            JitterArg::Full => Jitter::Full,
-            JitterArg::Equal => Jitter::Equal,
-            JitterArg::Decorrelated => Jitter::Decorrelated,
-        }
-    }
+/// Parse a flag value into one of the core's snake_case enums (`Backoff`, `Jitter`), so the
+/// CLI accepts exactly the names the config file does.
+fn parse_snake_enum<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|e| e.to_string())
 }
 
 /// `redrive publish`.

@@ -67,11 +67,11 @@ pub fn parse_multiplier(s: &str) -> Result<f64, String> {
 fn config_from_flags(args: &ExplainArgs) -> RetryPolicyConfig {
     RetryPolicyConfig {
         max_attempts: args.max_attempts,
-        backoff: args.backoff.map(Backoff::from),
+        backoff: args.backoff,
         initial_delay: args.initial_delay,
         multiplier: args.multiplier,
         max_delay: args.max_delay,
-        jitter: args.jitter.map(Jitter::from),
+        jitter: args.jitter,
         max_age: args.max_age,
         schedule: args.schedule.clone(),
         preset: args.preset.clone(),
