@@ -14,7 +14,7 @@
 //! writer thread that commits many transitions per fsync (group commit), plus
 //! a small pool of read connections that never block the writer.
 //!
-//! The [`conformance`] module (feature `conformance`) is the suite every
+//! The `conformance` module (feature `conformance`) is the suite every
 //! backend must pass; `tests/conformance_sqlite.rs` runs it on [`SqliteStore`].
 //!
 //! Non-goals: HTTP, long polling and timers (the server's engine decides *when*

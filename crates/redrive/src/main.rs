@@ -6,7 +6,7 @@
 //! - `redrive bench` drives a running server with load and prints figures.
 //!
 //! This file holds the clap definitions and the dispatch; the work is in
-//! [`cli`] (serve, policy, client commands, tables) and [`bench`].
+//! [`cli`] (serve, policy, client commands, tables) and [`mod@bench`].
 //!
 //! Exit codes: 0 success; 1 the server answered an error (or a bench run was
 //! incomplete); 2 bad command-line input or configuration; 3 the server could

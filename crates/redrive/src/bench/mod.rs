@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// Messages per batch publish, lease and batch ack/nack.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch: u32,
-    /// Queue to use (default: a new one per run, bench-<pid>-<millis>; retry-cycle: bench-retry).
+    /// Queue to use (default: a new one per run, bench-PID-MILLIS; retry-cycle: bench-retry).
     #[arg(long)]
     pub queue: Option<String>,
     /// Approximate size of each payload, bytes.
