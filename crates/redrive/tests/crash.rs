@@ -10,11 +10,14 @@
 //! `sigterm_under_load_exits_zero_and_loses_nothing`: SIGTERM under load, the
 //! process exits 0 and every acknowledged publish is there after a restart.
 
+mod common;
+
+use common::{free_port, start, wait_ready};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,61 +31,6 @@ initial_delay = "0s"
 jitter = "none"
 max_attempts = 1000000
 "#;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Node {
-    child: Child,
-    base: String,
-}
-
-fn start(dir: &Path, port: u16) -> Node {
-    let config = dir.join("redrive.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        // The test's own knob is no server setting (the server refuses unknown REDRIVE_* keys).
-        .env_remove("REDRIVE_CRASH_CYCLES")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn redrive serve");
-    Node {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
-
-async fn wait_ready(client: &reqwest::Client, node: &mut Node) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = node.child.try_wait() {
-            panic!("redrive exited during start: {status}");
-        }
-        if let Ok(r) = client.get(format!("{}/readyz", node.base)).send().await {
-            if r.status().is_success() {
-                return true;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
 
 /// What the clients saw acknowledged with a 2xx.
 #[derive(Default)]
@@ -262,7 +210,7 @@ async fn kill_9_under_load_loses_nothing() {
     let mut rng = SplitMix64::new(0x5eed);
     let mut opened = 0;
     for cycle in 0..cycles {
-        let mut node = start(dir.path(), port);
+        let mut node = start(dir.path(), port, CONFIG);
         assert!(
             wait_ready(&client, &mut node).await,
             "cycle {cycle}: store did not open"
@@ -301,7 +249,7 @@ async fn kill_9_under_load_loses_nothing() {
         }
     }
     // Final restart: count once more.
-    let mut node = start(dir.path(), port);
+    let mut node = start(dir.path(), port, CONFIG);
     assert!(
         wait_ready(&client, &mut node).await,
         "final: store did not open"
@@ -341,7 +289,7 @@ async fn sigterm_under_load_exits_zero_and_loses_nothing() {
         .unwrap();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let next = Arc::new(Mutex::new(0u64));
-    let mut node = start(dir.path(), port);
+    let mut node = start(dir.path(), port, CONFIG);
     assert!(wait_ready(&client, &mut node).await);
     let stop = Instant::now() + Duration::from_secs(5);
     let mut tasks = Vec::new();
@@ -383,7 +331,7 @@ async fn sigterm_under_load_exits_zero_and_loses_nothing() {
         let _ = t.await;
     }
     assert!(status.success(), "exit status after SIGTERM: {status}");
-    let mut node = start(dir.path(), port);
+    let mut node = start(dir.path(), port, CONFIG);
     assert!(wait_ready(&client, &mut node).await);
     let snap = snapshot(&client, &node.base).await;
     let l = ledger.lock().unwrap();

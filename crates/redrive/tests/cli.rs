@@ -1,0 +1,179 @@
+//! The CLI's client commands against a real server: output, and exit codes that scripts
+//! can rely on (0 success, 1 an HTTP error from the server, 2 bad usage, 3 unreachable).
+
+mod common;
+
+use common::{free_port, start, wait_ready};
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const CONFIG: &str = r#"
+[queues.cli.retry]
+max_attempts = 1
+"#;
+
+fn redrive(server: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .env_remove("REDRIVE_TOKEN")
+        .output()
+        .expect("run redrive")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("not JSON: {}", text(o)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_commands_against_a_live_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start(dir.path(), free_port(), CONFIG);
+    assert!(wait_ready(&reqwest::Client::new(), &mut node).await);
+    let s = node.base.clone();
+
+    let o = redrive(
+        &s,
+        &[
+            "publish",
+            "cli",
+            r#"{"order": 7}"#,
+            "--key",
+            "k1",
+            "--header",
+            "source=test",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let m = json(&o);
+    assert_eq!(m["state"], "ready", "{}", text(&o));
+    assert_eq!(m["headers"]["source"], "test");
+    let id = m["id"].as_str().unwrap().to_owned();
+
+    let o = redrive(&s, &["messages", "show", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["payload"]["order"], 7);
+
+    let o = redrive(&s, &["messages", "list", "--queue", "cli", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["messages"][0]["id"], id.as_str());
+
+    // A ready message cannot be redriven: the server's 409 is exit 1 with its code on stderr.
+    let o = redrive(&s, &["messages", "redrive", &id]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("invalid_state"),
+        "{}",
+        text(&o)
+    );
+
+    let o = redrive(&s, &["messages", "kill", &id, "--reason", "test"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["dead_reason"], "killed");
+
+    let o = redrive(
+        &s,
+        &[
+            "messages", "export", "--queue", "cli", "--state", "dead", "--format", "csv",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let csv = String::from_utf8_lossy(&o.stdout);
+    assert!(csv.starts_with("id,queue,state"), "{csv}");
+    assert!(csv.contains(&id), "{csv}");
+
+    let o = redrive(&s, &["messages", "redrive", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["state"], "ready");
+
+    let o = redrive(&s, &["queues", "cli", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["counts"]["ready"], 1, "{}", text(&o));
+
+    let o = redrive(&s, &["messages", "delete", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = redrive(&s, &["messages", "show", &id]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not_found"),
+        "{}",
+        text(&o)
+    );
+
+    // Bad usage is exit 2 and names the problem.
+    let o = redrive(&s, &["publish", "cli", "{not json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = redrive(&s, &["policy", "explain", "--initial-delay", "soon"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--initial-delay"),
+        "{}",
+        text(&o)
+    );
+
+    node.child.kill().unwrap();
+    node.child.wait().unwrap();
+
+    // Nothing listens any more: exit 3.
+    let o = redrive(&s, &["queues"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+}
+
+#[test]
+fn policy_explain_prints_the_schedule() {
+    let o = redrive(
+        "http://127.0.0.1:1",
+        &["policy", "explain", "--preset", "svix", "--json"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v = json(&o);
+    let rows = v["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(
+        rows.iter().any(|r| r.to_string().contains("300000")),
+        "svix's second delay is 5m: {v}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_config_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[queues.orders.retry]\nmax_atempts = 3\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("max_atempts"),
+        "{}",
+        text(&o)
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("REDRIVE_API_TOKENS")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a public address without a token is refused: {}",
+        text(&o)
+    );
+}

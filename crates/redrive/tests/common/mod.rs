@@ -1,0 +1,62 @@
+//! Helpers shared by the binary's integration tests: start `redrive serve` on a free
+//! loopback port with a config, and wait until it is ready.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Node {
+    pub child: Child,
+    pub base: String,
+}
+
+pub fn start(dir: &Path, port: u16, config_text: &str) -> Node {
+    let config = dir.join("redrive.toml");
+    std::fs::write(&config, config_text).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.join("data"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        // Test knobs are no server settings (the server refuses unknown REDRIVE_* keys).
+        .env_remove("REDRIVE_CRASH_CYCLES")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn redrive serve");
+    Node {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+pub async fn wait_ready(client: &reqwest::Client, node: &mut Node) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!("redrive exited during start: {status}");
+        }
+        if let Ok(r) = client.get(format!("{}/readyz", node.base)).send().await {
+            if r.status().is_success() {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
