@@ -16,7 +16,6 @@ use common::{free_port, start, wait_ready};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
