@@ -2,8 +2,8 @@
 //!
 //! Every transition is a job sent to one thread that owns the only write
 //! connection. The thread takes the first waiting job, then every job already
-//! queued behind it (up to [`MAX_COMMIT_BATCH`]), runs them all in one SQLite
-//! transaction — each inside its own savepoint, so a job that fails leaves no
+//! queued behind it (up to [`MAX_COMMIT_BATCH`] jobs or [`MAX_COMMIT_CHANGES`]
+//! transitions), runs them all in one SQLite transaction — each inside its own savepoint, so a job that fails leaves no
 //! trace while the others still commit — and commits once. Only after that
 //! commit returns (and, under [`super::Durability::Fsync`], the WAL is fsync'd)
 //! does any job's caller get its answer: many concurrent requests share one
@@ -16,6 +16,7 @@
 use super::transitions::WriterState;
 use crate::{CommitStats, StoreError};
 use redrive_core::Timestamp;
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -24,6 +25,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// concurrent requests shares one fsync, small enough that one commit stays
 /// in the low milliseconds.
 pub const MAX_COMMIT_BATCH: usize = 512;
+
+/// At most about this many message transitions share one transaction (a job is never split):
+/// it bounds how long one commit makes everyone wait when every job is a 1,000-item batch.
+pub const MAX_COMMIT_CHANGES: usize = 20_000;
 
 /// Answer a job's caller once the commit's fate is known.
 pub type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -57,23 +62,27 @@ pub fn run(
     shared: Arc<Shared>,
     wake_tx: watch::Sender<Option<Timestamp>>,
 ) {
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_COMMIT_BATCH);
     let mut close: Option<oneshot::Sender<()>> = None;
-    while close.is_none() {
-        match rx.blocking_recv() {
-            Some(Command::Job(j)) => batch.push(j),
-            Some(Command::Close(c)) => close = Some(c),
-            None => break,
+    let mut pending: VecDeque<Job> = VecDeque::with_capacity(MAX_COMMIT_BATCH);
+    while close.is_none() || !pending.is_empty() {
+        if pending.is_empty() {
+            match rx.blocking_recv() {
+                Some(Command::Job(j)) => pending.push_back(j),
+                Some(Command::Close(c)) => close = Some(c),
+                None => break,
+            }
         }
-        while batch.len() < MAX_COMMIT_BATCH && close.is_none() {
+        // What is queued now shares this commit; what arrives while it runs waits for the
+        // next one (so a steady stream cannot stretch one commit, and its latency, forever).
+        while pending.len() < MAX_COMMIT_BATCH && close.is_none() {
             match rx.try_recv() {
-                Ok(Command::Job(j)) => batch.push(j),
+                Ok(Command::Job(j)) => pending.push_back(j),
                 Ok(Command::Close(c)) => close = Some(c),
                 Err(_) => break,
             }
         }
-        if !batch.is_empty() {
-            commit_batch(&mut state, &mut batch, &shared, &wake_tx);
+        if !pending.is_empty() {
+            commit_batch(&mut state, &mut pending, &shared, &wake_tx);
         }
     }
     // Refuse whatever is still queued: the store is closed.
@@ -102,31 +111,33 @@ fn refuse(state: &mut WriterState, job: Job, err: StoreError) {
     reply(Err(err));
 }
 
+/// Run the pending jobs in one transaction, from the front, until they are all done or the
+/// batch holds [`MAX_COMMIT_CHANGES`] message transitions (a job is never split; the rest
+/// stay pending for the next commit), then commit once.
 fn commit_batch(
     state: &mut WriterState,
-    batch: &mut Vec<Job>,
+    pending: &mut VecDeque<Job>,
     shared: &Shared,
     wake_tx: &watch::Sender<Option<Timestamp>>,
 ) {
     let poisoned = shared.poisoned.lock().map(|p| p.clone()).unwrap_or(None);
     if let Some(reason) = poisoned {
-        for job in batch.drain(..) {
+        for job in pending.drain(..) {
             refuse(state, job, StoreError::Poisoned(reason.clone()));
         }
         return;
     }
-    let n = batch.len();
-    let mut replies: Vec<Reply> = Vec::with_capacity(n);
     if let Err(e) = state.conn.execute_batch("BEGIN IMMEDIATE") {
         let reason = format!("BEGIN failed: {e}");
         poison(shared, &reason);
-        for job in batch.drain(..) {
+        for job in pending.drain(..) {
             refuse(state, job, StoreError::Poisoned(reason.clone()));
         }
         return;
     }
     state.begin_batch(*wake_tx.borrow());
-    for job in batch.drain(..) {
+    let mut replies: Vec<Reply> = Vec::with_capacity(pending.len());
+    while let Some(job) = pending.pop_front() {
         // Cached statements: `execute_batch` would parse the SQL text again for every job.
         let sp = exec_cached(&state.conn, "SAVEPOINT job");
         let (ok, reply) = job(state);
@@ -138,6 +149,9 @@ fn commit_batch(
             state.discard_command();
         }
         replies.push(reply);
+        if state.batch_changes() >= MAX_COMMIT_CHANGES {
+            break;
+        }
     }
     let started = Instant::now();
     let committed = state.conn.execute_batch("COMMIT");

@@ -77,6 +77,11 @@ impl WriterState {
         self.batch_wake = current_wake.map(Timestamp::as_millis);
     }
 
+    /// Message transitions kept in the running batch so far.
+    pub fn batch_changes(&self) -> usize {
+        self.batch_delta.len()
+    }
+
     pub fn keep_command(&mut self) {
         self.batch_delta.append(&mut self.job_delta);
         if let Some(exact) = self.job_exact_wake.take() {
