@@ -112,13 +112,7 @@ pub async fn run(
 
     report.count("publishers", "publishing connections", publishers as u64);
     report.count("consumers", "consuming connections", consumers as u64);
-    report.count("messages", "messages", target);
-    report.count("published", "published", published.messages);
-    report.rate(
-        "publish_per_s",
-        "publish rate",
-        published.messages as f64 / publish_time.as_secs_f64(),
-    );
+    report.publishing(target, published.messages, publish_time);
     report.summary(
         "publish_request_latency",
         "publish request latency",

@@ -135,13 +135,7 @@ pub async fn run(
     all.merge(seen.short.clone());
     all.merge(seen.long.clone());
 
-    report.count("messages", "messages", target);
-    report.count("published", "published", published.messages);
-    report.rate(
-        "publish_per_s",
-        "publish rate",
-        published.messages as f64 / publish_time.as_secs_f64(),
-    );
+    report.publishing(target, published.messages, publish_time);
     report.text(
         "delays",
         "delays",

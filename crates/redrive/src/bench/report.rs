@@ -34,6 +34,17 @@ impl Report {
         self.lines.push((label.into(), group_digits(n)));
     }
 
+    /// The publishing half of a count-driven workload: target, published, publish rate.
+    pub fn publishing(&mut self, target: u64, published: u64, elapsed: std::time::Duration) {
+        self.count("messages", "messages", target);
+        self.count("published", "published", published);
+        self.rate(
+            "publish_per_s",
+            "publish rate",
+            published as f64 / elapsed.as_secs_f64(),
+        );
+    }
+
     /// A rate per second.
     pub fn rate(&mut self, key: &str, label: &str, per_s: f64) {
         self.json.insert(key.into(), Value::from(round2(per_s)));
