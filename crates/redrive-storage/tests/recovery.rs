@@ -374,3 +374,32 @@ fn acknowledged_writes_survive_a_process_crash() {
         s.close().await;
     });
 }
+
+/// After `close`, every write is refused with `Closed` and changes nothing; reads still work
+/// until the handle is dropped, and a reopen sees exactly what was committed before.
+#[tokio::test]
+async fn writes_after_close_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let before = s
+        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], at(1_000))
+        .await
+        .unwrap();
+    s.close().await;
+    let refused = s
+        .publish(vec![NewMessage::new(Q, json!({"n": 2}))], at(1_001))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Closed)),
+        "publish after close: {refused:?}"
+    );
+    drop(s);
+    let s = open(dir.path());
+    let stats = s.queue_stats().await.unwrap();
+    assert_eq!(
+        stats[0].count(State::Ready),
+        1,
+        "only the first publish is there: {stats:?}"
+    );
+    assert!(s.get(before[0].message.id).await.unwrap().is_some());
+}

@@ -101,12 +101,13 @@ pub fn run(
     }
 }
 
-/// Answer a job without running it for real: run it in a transaction that is
-/// rolled back, and report `err` as the commit's fate.
+/// Answer a job with `err` without running its transition: the job sees
+/// [`WriterState::refusing`] and touches nothing (no statement may run on a store that
+/// is closed or poisoned, not even in a transaction that would be rolled back).
 fn refuse(state: &mut WriterState, job: Job, err: StoreError) {
-    let _ = state.conn.execute_batch("BEGIN");
+    state.refusing = true;
     let (_, reply) = job(state);
-    let _ = state.conn.execute_batch("ROLLBACK");
+    state.refusing = false;
     state.discard_command();
     reply(Err(err));
 }

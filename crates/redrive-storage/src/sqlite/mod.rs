@@ -196,6 +196,13 @@ impl SqliteStore {
         }
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |w: &mut WriterState| {
+            if w.refusing {
+                // Answered with the refusal's error by `group_commit::refuse`.
+                let reply: group_commit::Reply = Box::new(move |commit: Result<(), StoreError>| {
+                    let _ = tx.send(commit.and(Err(StoreError::Closed)));
+                });
+                return (false, reply);
+            }
             let r = f(w);
             let ok = r.is_ok();
             let reply: group_commit::Reply = Box::new(move |commit: Result<(), StoreError>| {

@@ -34,6 +34,8 @@ const PURGE_LIMIT: i64 = 10_000;
 pub struct WriterState {
     /// The only write connection.
     pub conn: Connection,
+    /// Set while a job is being refused (store closed or poisoned): the job must not run.
+    pub refusing: bool,
     rng: SplitMix64,
     catalog: Arc<QueueCatalog>,
     idempotency_window_ms: u64,
@@ -58,6 +60,7 @@ impl WriterState {
     ) -> Self {
         Self {
             conn,
+            refusing: false,
             rng: SplitMix64::new(seed),
             catalog,
             idempotency_window_ms,
