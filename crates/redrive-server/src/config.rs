@@ -279,7 +279,8 @@ impl Config {
             }
         }
         for name in self.queues.keys().map(String::as_str).chain(["default"]) {
-            let s = self.queue_settings_checked(name)?;
+            // Resolving the policy is the check: a bad one fails here, naming its key.
+            self.queue_settings_checked(name)?;
             if let Some(lease) = self.queue_lease_ms(name) {
                 if lease == 0 || lease > self.max_lease.ms() {
                     return val(
@@ -288,7 +289,6 @@ impl Config {
                     );
                 }
             }
-            let _ = s;
         }
         Ok(())
     }

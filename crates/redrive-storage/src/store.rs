@@ -101,6 +101,8 @@ pub struct PurgeOutcome {
     pub done_deleted: Vec<(String, u64)>,
     /// Expired idempotency records deleted.
     pub idempotency_deleted: u64,
+    /// Whether more was due than one purge deletes; call again at once.
+    pub more: bool,
 }
 
 /// Counts of one queue.

@@ -4,7 +4,7 @@ use super::messages::failure;
 use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
 use axum::extract::{Path, State};
 use axum::Json;
-use redrive_core::{ErrorClass, Failure, LastError, Message, MessageId, Timestamp};
+use redrive_core::{ErrorClass, Failure, LastError, Message, Timestamp};
 use redrive_storage::{LeaseRef, Nack, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -400,10 +400,6 @@ where
     Ok(Json(BatchResponse { items }))
 }
 
-fn parse_id(raw: &str) -> Result<MessageId, ApiError> {
-    message_id(raw)
-}
-
 /// Ack many leases; each item answered on its own.
 #[utoipa::path(post, path = "/v1/messages/ack", tag = "leases", request_body = BatchBody,
     responses((status = 200, body = BatchResponse), (status = 400, description = "Malformed batch", body = ErrorBody)))]
@@ -416,7 +412,7 @@ pub async fn ack_batch(
         .items
         .into_iter()
         .map(|i| {
-            let parsed = parse_id(&i.id).map(|id| LeaseRef { id, token: i.lease });
+            let parsed = message_id(&i.id).map(|id| LeaseRef { id, token: i.lease });
             (i.id, parsed)
         })
         .collect();
@@ -445,7 +441,7 @@ pub async fn nack_batch(
         .into_iter()
         .enumerate()
         .map(|(n, i)| {
-            let parsed = parse_id(&i.id).and_then(|id| {
+            let parsed = message_id(&i.id).and_then(|id| {
                 let failure = nack_failure(&format!("items[{n}].error"), i.error.as_ref())?;
                 Ok(Nack {
                     lease: LeaseRef { id, token: i.lease },

@@ -71,15 +71,12 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(queues::get))
 }
 
-/// The OpenAPI document of every route.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, api) = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
-        .merge(v1())
+/// Liveness, readiness and metrics: open even when API tokens are configured.
+fn ops() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
-        .split_for_parts();
-    api
 }
 
 /// The whole HTTP application.
@@ -90,27 +87,32 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
     };
     let max_body = engine.config().max_request_bytes;
     let tokens: Arc<Vec<String>> = Arc::new(engine.config().api_tokens.clone());
-    let (v1_router, _) = v1().split_for_parts();
+    let (v1_router, v1_doc) = v1().split_for_parts();
     let v1_router = v1_router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {
             let tokens = tokens.clone();
             async move { authorize(&tokens, req, next).await }
         },
     ));
-    let (ops, _) = OpenApiRouter::new()
-        .routes(routes!(health::healthz))
-        .routes(routes!(health::readyz))
-        .routes(routes!(health::metrics))
-        .split_for_parts();
-    let doc = Arc::new(openapi());
+    let (ops, ops_doc) = ops().split_for_parts();
+    // The document of exactly the routes mounted here, rendered once.
+    let mut doc = ApiDoc::openapi();
+    doc.merge(v1_doc);
+    doc.merge(ops_doc);
+    let doc_json = Arc::new(doc.to_json().unwrap_or_else(|_| "{}".to_owned()));
     axum::Router::new()
         .merge(v1_router)
         .merge(ops)
         .route(
             "/openapi.json",
             axum::routing::get(move || {
-                let doc = doc.clone();
-                async move { axum::Json(doc.as_ref().clone()) }
+                let doc_json = doc_json.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        doc_json.as_ref().clone(),
+                    )
+                }
             }),
         )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })

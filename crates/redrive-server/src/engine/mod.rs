@@ -98,24 +98,29 @@ impl Engine {
     /// Publish (all or nothing).
     pub async fn publish(&self, items: Vec<NewMessage>) -> Result<Vec<Published>, StoreError> {
         let out = self.store.publish(items, Timestamp::now()).await?;
-        let mut ready: Vec<(&str, usize)> = Vec::new();
+        // Per queue (one, for an API request): messages published, and of them ready now.
+        let mut per_queue: Vec<(&str, u64, usize)> = Vec::new();
         for p in &out {
             if p.replayed {
                 continue;
             }
-            self.metrics.published(&p.message.queue, 1);
             if let Some(f) = &p.failure {
                 self.metrics.failed(f, None);
             }
-            if p.message.state == State::Ready {
-                match ready.iter_mut().find(|(q, _)| *q == p.message.queue) {
-                    Some((_, n)) => *n += 1,
-                    None => ready.push((&p.message.queue, 1)),
+            let ready = usize::from(p.message.state == State::Ready);
+            match per_queue.iter_mut().find(|(q, _, _)| *q == p.message.queue) {
+                Some((_, n, r)) => {
+                    *n += 1;
+                    *r += ready;
                 }
+                None => per_queue.push((&p.message.queue, 1, ready)),
             }
         }
-        for (q, n) in ready {
-            self.waiters.wake(q, n);
+        for (q, published, ready) in per_queue {
+            self.metrics.published(q, published);
+            if ready > 0 {
+                self.waiters.wake(q, ready);
+            }
         }
         Ok(out)
     }
@@ -260,6 +265,6 @@ impl Engine {
                 "purged"
             );
         }
-        Ok(total >= 10_000)
+        Ok(p.more)
     }
 }

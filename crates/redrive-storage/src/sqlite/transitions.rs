@@ -238,7 +238,11 @@ impl WriterState {
                 failure_outcome = Some(class);
             }
             let history_json = serde_json::to_string(&history)?;
-            row.seq = self.insert(&row, &history_json)?;
+            row.seq = self.insert(
+                &row,
+                item.failed.as_ref().map(|f| f.class.as_str()),
+                &history_json,
+            )?;
             if let Some(ikey) = &item.idempotency_key {
                 self.conn
                     .prepare_cached(
@@ -277,7 +281,12 @@ impl WriterState {
         Ok(out)
     }
 
-    fn insert(&self, row: &Row, history: &str) -> Result<i64, StoreError> {
+    fn insert(
+        &self,
+        row: &Row,
+        error_class: Option<&str>,
+        history: &str,
+    ) -> Result<i64, StoreError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, payload, headers, \
@@ -301,7 +310,7 @@ impl WriterState {
                 row.created_at,
                 row.finished_at,
                 row.dead_reason,
-                error_class_of(&row.last_error),
+                error_class,
                 row.last_error,
                 history,
             ])?;
@@ -531,38 +540,19 @@ impl WriterState {
                 message: row.to_message(None)?,
             });
         }
-        // Slow path: a retried ack of a done message, or an error to name.
-        let mut row = self.row_by_id(&lease.id)?;
+        // Not the live lease: a retried ack of a done message, or an error to name. The fast
+        // path's WHERE is exactly `check_lease`, so this never acks anything itself.
+        let row = self.row_by_id(&lease.id)?;
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
             return Ok(Acked {
                 message: row.to_message(None)?,
             }); // a retried ack
         }
         check_lease(&row, &lease.token, now)?;
-        let entry = HistoryEntry {
-            attempt: row.attempts,
-            at: now,
-            leased_at: row.leased_at.map(Timestamp::from_millis),
-            event: HistoryEvent::Acked,
-        };
-        // One statement: the hottest transition after lease.
-        self.conn
-            .prepare_cached(
-                "UPDATE messages SET state = 3, finished_at = ?2, updated_at = ?2, \
-                 history = json_insert(history, '$[#]', json(?3)) WHERE seq = ?1",
-            )?
-            .execute(params![
-                row.seq,
-                now.as_millis(),
-                serde_json::to_string(&entry)?
-            ])?;
-        self.moved(&row.queue, Some(State::Leased), Some(State::Done));
-        row.state = State::Done;
-        row.finished_at = Some(now.as_millis());
-        row.updated_at = now.as_millis();
-        Ok(Acked {
-            message: row.to_message(None)?,
-        })
+        Err(StoreError::Backend(format!(
+            "ack of {} matched no row although its lease is live",
+            lease.id
+        )))
     }
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailureOutcome, StoreError> {
@@ -752,6 +742,7 @@ impl WriterState {
             )?
             .query_map(params![cutoff, PURGE_LIMIT], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
+        let more = queues.len() as i64 >= PURGE_LIMIT;
         let mut per_queue: Vec<(String, u64)> = Vec::new();
         for q in queues {
             self.moved(&q, Some(State::Done), None);
@@ -767,6 +758,7 @@ impl WriterState {
         Ok(PurgeOutcome {
             done_deleted: per_queue,
             idempotency_deleted: idem as u64,
+            more,
         })
     }
 }
@@ -780,11 +772,6 @@ fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError>
         return Err(StoreError::LeaseExpired);
     }
     Ok(())
-}
-
-fn error_class_of(last_error: &Option<String>) -> Option<String> {
-    let e: LastError = serde_json::from_str(last_error.as_deref()?).ok()?;
-    Some(e.class.as_str().to_owned())
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint of a payload for idempotency checks.
