@@ -71,14 +71,15 @@ pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     Ok(counts)
 }
 
-/// The earliest scheduled due time or lease expiry.
+/// The earliest scheduled due time or lease expiry: two index seeks (`ix_scheduled`,
+/// `ix_leased`). Used at open and by every tick.
 pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
-    let v: Option<i64> = conn.query_row(
-        "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
-         UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
-        [],
-        |r| r.get(0),
-    )?;
+    let v: Option<i64> = conn
+        .prepare_cached(
+            "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
+             UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
+        )?
+        .query_row([], |r| r.get(0))?;
     Ok(v.map(Timestamp::from_millis))
 }
 

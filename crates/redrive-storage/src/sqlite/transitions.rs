@@ -703,18 +703,7 @@ impl WriterState {
             }
             expired.push(outcome);
         }
-        let next_due: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT MIN(due_at) FROM messages WHERE state = 0")?
-            .query_row([], |r| r.get(0))?;
-        let next_expiry: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT MIN(lease_expires_at) FROM messages WHERE state = 2")?
-            .query_row([], |r| r.get(0))?;
-        let next = match (next_due, next_expiry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next = super::reads::next_wake(&self.conn)?.map(Timestamp::as_millis);
         let next = if more { Some(t) } else { next };
         self.job_wake = None;
         self.job_exact_wake = Some(next);
