@@ -4,6 +4,7 @@
 //! repository root. A bad key or value is refused at start with an error that
 //! names it (`deny_unknown_fields` everywhere).
 
+use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::{
     DurationMs, OnDead, Ordering, PolicyError, QueueCatalog, QueueSettings, RetryPolicyConfig,
 };
@@ -110,6 +111,8 @@ pub struct Config {
     pub purge_interval: DurationMs,
     /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
     pub shutdown_grace: DurationMs,
+    /// Bound on the store's write-ahead log file, bytes (at least 1 MiB).
+    pub max_wal_bytes: u64,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `redrive=debug`.
     pub log: String,
     /// Per-queue settings; `default` applies to every queue without a section.
@@ -133,14 +136,12 @@ impl Default for Config {
             done_retention: DurationMs(24 * 3_600_000),
             purge_interval: DurationMs(60_000),
             shutdown_grace: DurationMs(10_000),
+            max_wal_bytes: redrive_storage::DEFAULT_MAX_WAL_BYTES,
             log: "info".to_owned(),
             queues: BTreeMap::new(),
         }
     }
 }
-
-/// The built-in default lease when neither the request nor the queue sets one.
-pub const DEFAULT_LEASE_MS: u64 = 30_000;
 
 /// Top-level keys that `REDRIVE_<KEY>` environment variables may set.
 const ENV_KEYS: &[&str] = &[
@@ -158,6 +159,7 @@ const ENV_KEYS: &[&str] = &[
     "done_retention",
     "purge_interval",
     "shutdown_grace",
+    "max_wal_bytes",
     "log",
 ];
 
@@ -267,6 +269,9 @@ impl Config {
         if self.max_lease.ms() == 0 {
             return val("max_lease", "must be greater than 0s");
         }
+        if self.max_wal_bytes < redrive_storage::MIN_MAX_WAL_BYTES {
+            return val("max_wal_bytes", "must be at least 1048576 (1 MiB)");
+        }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return val("api_tokens", "every token must have at least 16 characters");
         }
@@ -331,6 +336,25 @@ impl Config {
             .and_then(|q| q.lease)
             .or_else(|| self.queues.get("default").and_then(|q| q.lease))
             .map(|d| d.ms())
+    }
+
+    /// What the engine needs of this configuration.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            catalog: self.catalog(),
+            queue_lease_ms: self
+                .queues
+                .keys()
+                .filter_map(|q| Some((q.clone(), self.queue_lease_ms(q)?)))
+                .collect(),
+            default_lease_ms: self
+                .queues
+                .get("default")
+                .and_then(|q| q.lease)
+                .map_or(DEFAULT_LEASE_MS, |d| d.ms()),
+            done_retention_ms: self.done_retention.ms(),
+            purge_interval_ms: self.purge_interval.ms(),
+        }
     }
 
     /// Every queue's settings, for the store.

@@ -56,6 +56,15 @@ pub enum ServerError {
 
 /// Open the store and build the engine for `config` (no listening yet).
 pub fn open(config: &Config) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
+    open_with_clock(config, Arc::new(engine::SystemClock))
+}
+
+/// [`open`], with the engine reading the time from `clock` (tests pass a
+/// [`engine::ManualClock`]).
+pub fn open_with_clock(
+    config: &Config,
+    clock: Arc<dyn engine::Clock>,
+) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
     if !config.listens_on_loopback()
         && config.api_tokens.is_empty()
         && !config.dangerous_allow_unauthenticated_public_listen
@@ -68,6 +77,7 @@ pub fn open(config: &Config) -> Result<(Arc<engine::Engine>, Arc<metrics::Metric
     opts.durability = config.durability.into();
     opts.catalog = Arc::new(config.catalog());
     opts.idempotency_window_ms = config.idempotency_window.ms();
+    opts.max_wal_bytes = config.max_wal_bytes;
     opts.commit_observer = Some(Arc::new(move |n, secs| {
         observer_metrics.observe_commit(n, secs)
     }));
@@ -78,8 +88,9 @@ pub fn open(config: &Config) -> Result<(Arc<engine::Engine>, Arc<metrics::Metric
     let store: Arc<dyn Store> = Arc::new(store);
     let engine = Arc::new(engine::Engine::new(
         store,
-        Arc::new(config.clone()),
+        config.engine_config(),
         metrics.clone(),
+        clock,
     ));
     Ok((engine, metrics))
 }
@@ -110,7 +121,15 @@ pub struct Server {
 impl Server {
     /// Open the store and bind the listener (port 0 picks a free port).
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
-        let (engine, metrics) = open(&config)?;
+        Self::bind_with_clock(config, Arc::new(engine::SystemClock)).await
+    }
+
+    /// [`Server::bind`], with the engine reading the time from `clock`.
+    pub async fn bind_with_clock(
+        config: Config,
+        clock: Arc<dyn engine::Clock>,
+    ) -> Result<Server, ServerError> {
+        let (engine, metrics) = open_with_clock(&config, clock)?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -132,6 +151,11 @@ impl Server {
         self.addr
     }
 
+    /// The engine (its store, its signals), for tests and embedders.
+    pub fn engine(&self) -> &Arc<engine::Engine> {
+        &self.engine
+    }
+
     /// Serve until `shutdown` resolves; then stop accepting, let in-flight requests finish
     /// (at most `shutdown_grace`), stop the background tasks and close the store.
     pub async fn run(
@@ -147,7 +171,7 @@ impl Server {
         } = self;
         tracing::info!(%addr, data_dir = %config.data_dir.display(), durability = ?config.durability, "redrive listening");
         let background = engine.clone().start();
-        let app = api::router(engine.clone(), metrics);
+        let app = api::router(engine.clone(), metrics, Arc::new(config.clone()));
         let grace = std::time::Duration::from_millis(config.shutdown_grace.ms());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_engine = engine.clone();

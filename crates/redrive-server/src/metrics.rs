@@ -61,6 +61,7 @@ pub struct Metrics {
     lateness: Histogram,
     commit_batch: Histogram,
     commit_seconds: Histogram,
+    wal_bytes: Gauge,
     commits: Counter,
     commit_changes: Counter,
     done_purged: Family<QueueLabel, Counter>,
@@ -165,6 +166,12 @@ impl Metrics {
             "Duration of one storage commit (fsync included)",
             commit_seconds.clone(),
         );
+        let wal_bytes = Gauge::default();
+        registry.register(
+            "redrive_wal_bytes",
+            "Size of the store's write-ahead log file on disk (bounded by max_wal_bytes)",
+            wal_bytes.clone(),
+        );
         let commits = Counter::default();
         registry.register(
             "redrive_commits",
@@ -196,6 +203,7 @@ impl Metrics {
             lateness,
             commit_batch,
             commit_seconds,
+            wal_bytes,
             commits,
             commit_changes,
             done_purged,
@@ -206,6 +214,11 @@ impl Metrics {
         QueueLabel {
             queue: queue.to_owned(),
         }
+    }
+
+    /// The store's write-ahead log is `bytes` long now.
+    pub fn set_wal_bytes(&self, bytes: u64) {
+        self.wal_bytes.set(bytes.min(i64::MAX as u64) as i64);
     }
 
     /// A storage commit of `n` transitions took `secs`.

@@ -31,7 +31,9 @@ pub mod conformance;
 
 pub use error::StoreError;
 pub use filter::{MessageFilter, Page};
-pub use sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use sqlite::{
+    Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,
+};
 pub use store::{
     Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
     PurgeOutcome, QueueStats, Store, TickOutcome,

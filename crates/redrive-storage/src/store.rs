@@ -205,7 +205,8 @@ pub trait Store: Send + Sync + 'static {
     /// A hint of when [`Store::tick`] should next run; changes when a write makes it earlier.
     fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>>;
 
-    /// `Some(reason)` once a failed write has poisoned the store.
+    /// `Some(reason)` once the store can take no more writes: a failed write poisoned it,
+    /// or its writer stopped (closed, or died). Readiness checks ask this.
     fn poisoned(&self) -> Option<String>;
 
     /// Stop the writer after the writes already queued; later writes fail with `Closed`.
@@ -224,4 +225,8 @@ pub struct CommitStats {
     pub changes: u64,
     /// Total seconds spent in commit (fsync included).
     pub commit_seconds: f64,
+    /// Bytes of the write-ahead log (or whatever log the backend keeps) on disk now.
+    pub log_bytes: u64,
+    /// Times the log was rewound to its start to keep it under its bound.
+    pub log_restarts: u64,
 }

@@ -5,7 +5,6 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use redrive_core::Timestamp;
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
@@ -39,7 +38,9 @@ pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiE
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let stats = s.engine.store().queue_stats().await?;
-    let body = s.metrics.render(&stats, Timestamp::now().as_millis());
+    s.metrics
+        .set_wal_bytes(s.engine.store().commit_stats().log_bytes);
+    let body = s.metrics.render(&stats, s.engine.clock().now().as_millis());
     Ok((
         [(
             header::CONTENT_TYPE,

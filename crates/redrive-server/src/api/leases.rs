@@ -71,7 +71,7 @@ pub async fn lease(
     ApiJson(body): ApiJson<LeaseBody>,
 ) -> Result<Json<LeaseResponse>, ApiError> {
     queue_name(&queue)?;
-    let cfg = s.engine.config();
+    let cfg = s.config;
     let max = body.max.unwrap_or(1);
     if max == 0 || max as usize > cfg.max_batch {
         return Err(ApiError::bad_request(
@@ -263,7 +263,7 @@ pub async fn extend(
 ) -> Result<Json<Extended>, ApiError> {
     let id = message_id(&id)?;
     let by = duration_field("by", &body.by)?;
-    let max = s.engine.config().max_lease;
+    let max = s.config.max_lease;
     if by == 0 || by > max.ms() {
         return Err(ApiError::bad_request(
             "invalid_duration",
@@ -330,7 +330,7 @@ pub struct BatchResponse {
 }
 
 fn check_batch(s: &AppState, body: &BatchBody) -> Result<(), ApiError> {
-    let max = s.engine.config().max_batch;
+    let max = s.config.max_batch;
     if body.items.is_empty() || body.items.len() > max {
         return Err(ApiError::bad_request(
             "batch_too_large",

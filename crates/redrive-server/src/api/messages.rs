@@ -127,7 +127,7 @@ fn parse_item(
     let size = serde_json::to_vec(&payload)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);
-    let limit = s.engine.config().max_payload_bytes;
+    let limit = s.config.max_payload_bytes;
     if size > limit {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -213,13 +213,13 @@ pub async fn publish(
     ApiJson(value): ApiJson<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     queue_name(&queue)?;
-    let now = Timestamp::now();
+    let now = s.engine.clock().now();
     let is_batch = value
         .as_object()
         .is_some_and(|o| o.contains_key("messages") && !o.contains_key("payload"));
     if is_batch {
         let batch: PublishBatch = from_value(value, "")?;
-        let max = s.engine.config().max_batch;
+        let max = s.config.max_batch;
         if batch.messages.is_empty() || batch.messages.len() > max {
             return Err(ApiError::bad_request(
                 "batch_too_large",

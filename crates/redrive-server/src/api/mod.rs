@@ -18,6 +18,7 @@ pub use error::{ApiError, ErrorBody};
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::Config;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
@@ -37,6 +38,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// The server's configuration (limits, tokens).
+    pub config: Arc<Config>,
 }
 
 #[derive(OpenApi)]
@@ -80,13 +83,14 @@ fn ops() -> OpenApiRouter<AppState> {
 }
 
 /// The whole HTTP application.
-pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
+pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -> axum::Router {
+    let max_body = config.max_request_bytes;
+    let tokens: Arc<Vec<String>> = Arc::new(config.api_tokens.clone());
     let state = AppState {
-        engine: engine.clone(),
+        engine,
         metrics,
+        config,
     };
-    let max_body = engine.config().max_request_bytes;
-    let tokens: Arc<Vec<String>> = Arc::new(engine.config().api_tokens.clone());
     let (v1_router, v1_doc) = v1().split_for_parts();
     let v1_router = v1_router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {

@@ -57,8 +57,7 @@ fn view(s: &AppState, name: &str, stats: Option<&QueueStats>, now: Timestamp) ->
         ordering: settings.ordering,
         on_dead: settings.on_dead,
         lease: s
-            .engine
-            .config()
+            .config
             .queue_lease_ms(name)
             .map(redrive_core::format_duration_ms),
     }
@@ -68,7 +67,7 @@ fn view(s: &AppState, name: &str, stats: Option<&QueueStats>, now: Timestamp) ->
 #[utoipa::path(get, path = "/v1/queues", tag = "queues", responses((status = 200, body = QueueList)))]
 pub async fn list(State(s): State<AppState>) -> Result<Json<QueueList>, ApiError> {
     let stats = s.engine.store().queue_stats().await?;
-    let now = Timestamp::now();
+    let now = s.engine.clock().now();
     let mut names: Vec<String> = stats.iter().map(|x| x.queue.clone()).collect();
     for n in s.engine.catalog().configured() {
         if !names.iter().any(|x| x == n) {
@@ -93,7 +92,7 @@ pub async fn get(
 ) -> Result<Json<QueueView>, ApiError> {
     queue_name(&queue)?;
     let stats = s.engine.store().queue_stats().await?;
-    let now = Timestamp::now();
+    let now = s.engine.clock().now();
     Ok(Json(view(
         &s,
         &queue,

@@ -6,19 +6,65 @@
 //! ([`scheduler`]), and metrics. Each operation calls exactly one store
 //! transition, so its atomicity and durability are the store's.
 
+mod clock;
 pub mod scheduler;
+mod signals;
 mod waiters;
 
-use crate::config::{Config, DEFAULT_LEASE_MS};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use signals::{Signal, SignalReceiver, Signals};
+
 use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
     Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Store, StoreError,
 };
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 use waiters::Waiters;
+
+/// The built-in default lease when neither the request nor the queue sets one.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+
+/// What the engine needs to know, and nothing of HTTP: the server builds it from its
+/// configuration (`Config::engine_config`), tests build it directly.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Every queue's settings (retry policy, ordering), shared with the store.
+    pub catalog: QueueCatalog,
+    /// Lease length of a queue when a lease request gives none; else [`Self::default_lease_ms`].
+    pub queue_lease_ms: HashMap<String, u64>,
+    /// Lease length when neither the request nor the queue sets one.
+    pub default_lease_ms: u64,
+    /// How long done messages are kept before the purger deletes them, ms.
+    pub done_retention_ms: u64,
+    /// How often the purger runs, ms (at least 1 s).
+    pub purge_interval_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            catalog: QueueCatalog::default(),
+            queue_lease_ms: HashMap::new(),
+            default_lease_ms: DEFAULT_LEASE_MS,
+            done_retention_ms: 24 * 3_600_000,
+            purge_interval_ms: 60_000,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The lease length of `queue` when a request gives none.
+    pub fn lease_ms(&self, queue: &str) -> u64 {
+        self.queue_lease_ms
+            .get(queue)
+            .copied()
+            .unwrap_or(self.default_lease_ms)
+    }
+}
 
 /// Consumers woken per queue when a tick makes messages ready; each one that
 /// leases a full batch wakes the next, so a large backlog drains in parallel
@@ -28,10 +74,11 @@ const TICK_WAKE_CONSUMERS: usize = 4;
 /// The engine. Shared by every request handler and background task.
 pub struct Engine {
     store: Arc<dyn Store>,
-    config: Arc<Config>,
+    config: EngineConfig,
     metrics: Arc<Metrics>,
-    catalog: QueueCatalog,
+    clock: Arc<dyn Clock>,
     waiters: Waiters,
+    signals: Signals,
     shutting_down: AtomicBool,
 }
 
@@ -42,15 +89,20 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine over `store`.
-    pub fn new(store: Arc<dyn Store>, config: Arc<Config>, metrics: Arc<Metrics>) -> Self {
-        let catalog = config.catalog();
+    /// An engine over `store`, reading the time from `clock`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             store,
             config,
             metrics,
-            catalog,
+            clock,
             waiters: Waiters::default(),
+            signals: Signals::default(),
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -66,8 +118,18 @@ impl Engine {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// What the engine announces (see [`signals`]): tests wait on these instead of sleeping.
+    pub fn signals(&self) -> &Signals {
+        &self.signals
     }
 
     /// The metrics.
@@ -87,17 +149,17 @@ impl Engine {
     }
 
     fn key_ordered(&self, queue: &str) -> bool {
-        self.catalog.get(queue).ordering == Ordering::Key
+        self.config.catalog.get(queue).ordering == Ordering::Key
     }
 
     /// The settings of every queue.
     pub fn catalog(&self) -> &QueueCatalog {
-        &self.catalog
+        &self.config.catalog
     }
 
     /// Publish (all or nothing).
     pub async fn publish(&self, items: Vec<NewMessage>) -> Result<Vec<Published>, StoreError> {
-        let out = self.store.publish(items, Timestamp::now()).await?;
+        let out = self.store.publish(items, self.clock.now()).await?;
         // Per queue (one, for an API request): messages published, and of them ready now.
         let mut per_queue: Vec<(&str, u64, usize)> = Vec::new();
         for p in &out {
@@ -133,9 +195,7 @@ impl Engine {
         lease_ms: Option<u64>,
         wait_ms: u64,
     ) -> Result<Vec<Leased>, StoreError> {
-        let lease_ms = lease_ms
-            .or_else(|| self.config.queue_lease_ms(queue))
-            .unwrap_or(DEFAULT_LEASE_MS);
+        let lease_ms = lease_ms.unwrap_or_else(|| self.config.lease_ms(queue));
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         let notify = self.waiters.of(queue);
         loop {
@@ -147,7 +207,7 @@ impl Engine {
                 max,
                 lease_ms,
             };
-            let leased = self.store.lease(req, Timestamp::now()).await?;
+            let leased = self.store.lease(req, self.clock.now()).await?;
             if !leased.is_empty() || wait_ms == 0 || self.is_shutting_down() {
                 for l in &leased {
                     self.metrics.leased(queue, l.lateness_ms);
@@ -158,6 +218,9 @@ impl Engine {
                 }
                 return Ok(leased);
             }
+            self.signals.send(|| Signal::Parked {
+                queue: queue.to_owned(),
+            });
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
@@ -173,7 +236,7 @@ impl Engine {
         &self,
         items: Vec<LeaseRef>,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
-        let out = self.store.ack(items, Timestamp::now()).await?;
+        let out = self.store.ack(items, self.clock.now()).await?;
         for a in out.iter().flatten() {
             self.metrics.acked(&a.message.queue, a.message.attempts);
             if a.message.key.is_some() && self.key_ordered(&a.message.queue) {
@@ -188,7 +251,7 @@ impl Engine {
         &self,
         items: Vec<Nack>,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
-        let out = self.store.nack(items, Timestamp::now()).await?;
+        let out = self.store.nack(items, self.clock.now()).await?;
         for f in out.iter().flatten() {
             self.after_failure(f, "nacked");
         }
@@ -206,19 +269,19 @@ impl Engine {
 
     /// Extend a lease.
     pub async fn extend(&self, lease: LeaseRef, by_ms: u64) -> Result<Timestamp, StoreError> {
-        self.store.extend(lease, by_ms, Timestamp::now()).await
+        self.store.extend(lease, by_ms, self.clock.now()).await
     }
 
     /// Redrive a dead or scheduled message.
     pub async fn redrive(&self, id: MessageId) -> Result<Message, StoreError> {
-        let m = self.store.redrive(id, Timestamp::now()).await?;
+        let m = self.store.redrive(id, self.clock.now()).await?;
         self.waiters.wake(&m.queue, 1);
         Ok(m)
     }
 
     /// Kill a message.
     pub async fn kill(&self, id: MessageId, reason: Option<String>) -> Result<Message, StoreError> {
-        let m = self.store.kill(id, reason, Timestamp::now()).await?;
+        let m = self.store.kill(id, reason, self.clock.now()).await?;
         self.metrics.dead(&m.queue, "killed");
         if m.key.is_some() && self.key_ordered(&m.queue) {
             self.waiters.wake(&m.queue, 1);
@@ -244,20 +307,24 @@ impl Engine {
         for q in &t.ready_queues {
             self.waiters.wake(q, TICK_WAKE_CONSUMERS);
         }
+        self.signals.send(|| Signal::Ticked {
+            ready_queues: t.ready_queues.clone(),
+            expired: t.expired.len(),
+        });
         Ok(())
     }
 
     /// One purge step; returns whether more is left to purge.
     pub async fn purge(&self, now: Timestamp) -> Result<bool, StoreError> {
-        let p = self
-            .store
-            .purge(now, self.config.done_retention.ms())
-            .await?;
+        let p = self.store.purge(now, self.config.done_retention_ms).await?;
         let mut total = 0;
         for (q, n) in &p.done_deleted {
             self.metrics.purged(q, *n);
             total += n;
         }
+        self.signals.send(|| Signal::Purged {
+            done_deleted: total,
+        });
         if total > 0 || p.idempotency_deleted > 0 {
             tracing::info!(
                 done_deleted = total,

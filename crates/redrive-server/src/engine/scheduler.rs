@@ -9,7 +9,6 @@
 //! one timestamp, whatever the number of scheduled messages.
 
 use super::Engine;
-use redrive_core::Timestamp;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -58,7 +57,8 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             return;
         }
         let next = *hint.borrow_and_update();
-        let now = Timestamp::now();
+        let clock = engine.clock().clone();
+        let now = clock.now();
         match next {
             Some(at) if at <= now => {
                 let since = last_tick.elapsed();
@@ -69,7 +69,7 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                     }
                 }
                 last_tick = std::time::Instant::now();
-                if let Err(e) = engine.tick(Timestamp::now()).await {
+                if let Err(e) = engine.tick(clock.now()).await {
                     tracing::error!(error = %e, "scheduler tick failed");
                     tokio::select! {
                         _ = tokio::time::sleep(TICK_RETRY_DELAY) => {}
@@ -81,9 +81,8 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                 // concurrently), the next iteration handles it.
             }
             Some(at) => {
-                let wait = Duration::from_millis(at.millis_since(now).max(0) as u64);
                 tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = clock.sleep_until(at) => {}
                     r = hint.changed() => if r.is_err() { return },
                     _ = stop.changed() => return,
                 }
@@ -99,14 +98,14 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
 }
 
 async fn purge_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
-    let every = Duration::from_millis(engine.config().purge_interval.ms().max(1_000));
+    let every = Duration::from_millis(engine.config().purge_interval_ms.max(1_000));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
         }
         loop {
-            match engine.purge(Timestamp::now()).await {
+            match engine.purge(engine.clock().now()).await {
                 Ok(more) if more => continue,
                 Ok(_) => break,
                 Err(e) => {

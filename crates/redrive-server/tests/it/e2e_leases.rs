@@ -126,6 +126,7 @@ async fn long_poll_returns_empty_after_wait() {
 #[tokio::test]
 async fn long_poll_is_woken_by_a_publish() {
     let s = std::sync::Arc::new(TestServer::fast("").await);
+    let mut signals = s.engine.signals().subscribe();
     let poller = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -134,8 +135,7 @@ async fn long_poll_is_woken_by_a_publish() {
             (got, t.elapsed())
         })
     };
-    // Give the poll a moment to park (if it has not, it finds the message at once anyway).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    signals.parked("wake").await;
     let id = s.publish_payload("wake", json!("hello")).await;
     let (got, took) = poller.await.unwrap();
     assert_eq!(got.len(), 1, "{got:?}");
@@ -149,7 +149,7 @@ async fn long_poll_is_woken_by_a_publish() {
         let s = s.clone();
         tokio::spawn(async move { s.lease("wake", json!({"wait": "300ms"})).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    signals.parked("wake").await;
     s.publish_payload("elsewhere", json!(1)).await;
     assert!(poller.await.unwrap().is_empty());
     match std::sync::Arc::try_unwrap(s) {

@@ -110,6 +110,7 @@ async fn releasing_a_key_wakes_a_long_poll() {
     let a = publish_keyed(&s, "ord", "k", "a").await;
     publish_keyed(&s, "ord", "k", "b").await;
     let l = s.lease_one("ord", "0s").await;
+    let mut signals = s.engine.signals().subscribe();
     let poller = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -118,7 +119,7 @@ async fn releasing_a_key_wakes_a_long_poll() {
             (got, t.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    signals.parked("ord").await;
     let (st, body) = s.ack(&a, &lease_of(&l)).await;
     assert_eq!(st, 200, "{body}");
     let (got, took) = poller.await.unwrap();

@@ -25,6 +25,8 @@ pub struct TestServer {
     pub _dir: tempfile::TempDir,
     /// Bearer token sent by every helper, if set.
     pub token: Option<String>,
+    /// The server's engine: its store and its test signals.
+    pub engine: std::sync::Arc<redrive_server::engine::Engine>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -35,6 +37,18 @@ pub type Answer = (u16, Value);
 impl TestServer {
     /// Start with the default config plus `toml` (may be empty).
     pub async fn start(toml_text: &str) -> TestServer {
+        Self::start_with_clock(
+            toml_text,
+            std::sync::Arc::new(redrive_server::engine::SystemClock),
+        )
+        .await
+    }
+
+    /// [`TestServer::start`] with the engine reading the time from `clock`.
+    pub async fn start_with_clock(
+        toml_text: &str,
+        clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("redrive.toml");
         std::fs::write(&path, toml_text).unwrap();
@@ -43,8 +57,9 @@ impl TestServer {
             data_dir: Some(dir.path().join("data")),
         };
         let config = Config::load(Some(&path), Vec::new(), &overrides).unwrap();
-        let server = Server::bind(config).await.unwrap();
+        let server = Server::bind_with_clock(config, clock).await.unwrap();
         let addr = server.local_addr();
+        let engine = server.engine().clone();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
@@ -59,6 +74,7 @@ impl TestServer {
             client: reqwest::Client::new(),
             _dir: dir,
             token: None,
+            engine,
             stop: Some(tx),
             task: Some(task),
         }

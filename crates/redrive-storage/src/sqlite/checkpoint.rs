@@ -7,8 +7,10 @@
 //! `wal_autocheckpoint = 0`, and this thread, on its own connection, runs a
 //! `PASSIVE` checkpoint — which never blocks the writer or readers — whenever
 //! commits happened since the last one, at most every [`CHECKPOINT_INTERVAL`].
-//! SQLite restarts the WAL from its beginning once a checkpoint has caught up,
-//! so the file stays bounded while the checkpointer keeps up.
+//! Under continuous commits a PASSIVE checkpoint never catches up, so SQLite never
+//! rewinds the log: the writer does that itself past a bound (`group_commit::bound_log`).
+//! After [`IDLE_TRUNCATE_AFTER`] without commits, this thread truncates the WAL to zero
+//! bytes, so the disk taken under load is given back when the load stops.
 //!
 //! A checkpoint that fails with an I/O error poisons the store like a failed
 //! commit: the database file may not hold what the WAL says it does.
@@ -17,10 +19,17 @@ use super::group_commit::Shared;
 use super::SqliteOptions;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest time between two checkpoints while commits keep coming.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
+
+/// After this long without a commit, the WAL is checkpointed and truncated to zero bytes, so
+/// the disk it took under load is given back when the load stops.
+pub const IDLE_TRUNCATE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the idle truncation waits for a writer or a reader before trying again later.
+const IDLE_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 
 /// The running checkpointer; stopped (and joined) by [`Checkpointer::stop`].
 pub struct Checkpointer {
@@ -69,7 +78,10 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex
             return;
         }
     };
+    // The idle truncation below must not wait long for the write lock or for readers.
+    let _ = conn.busy_timeout(IDLE_TRUNCATE_WAIT);
     let mut last_commits = 0;
+    let mut idle_since: Option<Instant> = None;
     let (lock, cv) = &*stop;
     loop {
         {
@@ -82,24 +94,38 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex
             }
         }
         let commits = shared.stats.lock().map(|s| s.commits).unwrap_or(0);
-        if commits == last_commits {
-            continue;
-        }
-        last_commits = commits;
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            let io = matches!(
-                e.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::SystemIoFailure | rusqlite::ErrorCode::DiskFull)
-            );
-            if io {
+        let mode = if commits != last_commits {
+            last_commits = commits;
+            idle_since = None;
+            "PASSIVE"
+        } else {
+            // No commit since the last look: once idle long enough, give the disk back.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < IDLE_TRUNCATE_AFTER || shared.wal_file_bytes() == 0 {
+                continue;
+            }
+            "TRUNCATE"
+        };
+        let result = {
+            let _turn = shared.checkpoint_lock.lock();
+            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                r.get::<_, i64>(0)
+            })
+        };
+        match result {
+            Ok(busy) => {
+                if mode == "TRUNCATE" && busy == 0 {
+                    shared.set_log_bytes(shared.wal_file_bytes(), true);
+                    tracing::debug!("idle: WAL truncated");
+                }
+            }
+            Err(e) if super::group_commit::is_io_error(&e) => {
                 let reason = format!("WAL checkpoint failed: {e}");
                 tracing::error!(%reason, "store poisoned: refusing all writes");
-                if let Ok(mut p) = shared.poisoned.lock() {
-                    p.get_or_insert(reason);
-                }
+                super::group_commit::poison(&shared, &reason);
                 return;
             }
-            tracing::warn!(error = %e, "WAL checkpoint did not run; will retry");
+            Err(e) => tracing::warn!(error = %e, "WAL checkpoint did not run; will retry"),
         }
     }
 }

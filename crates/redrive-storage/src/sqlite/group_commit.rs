@@ -17,8 +17,9 @@ use super::transitions::WriterState;
 use crate::{CommitStats, StoreError};
 use redrive_core::Timestamp;
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// At most this many jobs share one transaction: large enough that a burst of
@@ -53,6 +54,29 @@ pub struct Shared {
     pub stats: Mutex<CommitStats>,
     /// Called after every commit with (message transitions in it, seconds in COMMIT).
     pub observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+    /// The WAL file, whose size the writer checks after every commit.
+    pub wal_path: PathBuf,
+    /// WAL size past which the writer rewinds the log ([`bound_log`]).
+    pub wal_restart_bytes: u64,
+    /// Held while a checkpoint runs: SQLite refuses a second concurrent checkpoint with
+    /// `SQLITE_BUSY` without waiting, so the writer's rewind and the background
+    /// checkpointer take turns here.
+    pub checkpoint_lock: Mutex<()>,
+}
+
+impl Shared {
+    /// Record the WAL's size on disk now.
+    pub fn set_log_bytes(&self, bytes: u64, restarted: bool) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.log_bytes = bytes;
+            s.log_restarts += u64::from(restarted);
+        }
+    }
+
+    /// The WAL's size on disk now (0 when it does not exist).
+    pub fn wal_file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.wal_path).map_or(0, |m| m.len())
+    }
 }
 
 /// Run the writer until the channel closes or a `Close` arrives.
@@ -168,6 +192,7 @@ fn commit_batch(
             if let Some(obs) = &shared.observer {
                 obs(changes, secs);
             }
+            bound_log(state, shared);
             wake_tx.send_if_modified(|w| {
                 if *w != wake {
                     *w = wake;
@@ -193,11 +218,73 @@ fn commit_batch(
     }
 }
 
+/// How long a rewind of the WAL waits for readers still reading from it (a search, an
+/// export page) before giving up until the next commit. Short: the writer waits here, and
+/// every queued request with it.
+const REWIND_READER_WAIT: Duration = Duration::from_millis(50);
+
+/// The writer's busy timeout outside a rewind (see `open_connection`).
+const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Keep the WAL bounded under continuous load (SPEC §7: disk is bounded by the data, not by
+/// uptime).
+///
+/// SQLite only rewinds a WAL to its start when a writer begins a transaction after a
+/// checkpoint has copied *every* frame back into the database. The background PASSIVE
+/// checkpoints (`checkpoint.rs`) never catch up while commits keep coming, so the file would
+/// grow for as long as the load lasts (measured: 4 GB in two minutes). So after a commit that
+/// leaves the file past [`Shared::wal_restart_bytes`], the writer itself — the only writer, so
+/// nothing can append meanwhile — runs a `RESTART` checkpoint: it copies the frames the
+/// background checkpointer has not copied yet, fsyncs the database file, and waits (at most
+/// [`REWIND_READER_WAIT`]) for readers to leave the log. The next commit then writes from the
+/// start of the file, and SQLite truncates the file back to `journal_size_limit` (the same
+/// size). Readers that hold the log longer make the rewind give up; the next commit tries
+/// again.
+///
+/// A checkpoint that fails with an I/O error poisons the store, like a failed commit.
+fn bound_log(state: &mut WriterState, shared: &Shared) {
+    let bytes = shared.wal_file_bytes();
+    if bytes <= shared.wal_restart_bytes {
+        shared.set_log_bytes(bytes, false);
+        return;
+    }
+    let conn = &state.conn;
+    let _turn = shared.checkpoint_lock.lock();
+    let _ = conn.busy_timeout(REWIND_READER_WAIT);
+    let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
+    let _ = conn.busy_timeout(WRITER_BUSY_TIMEOUT);
+    match result {
+        Ok(0) => shared.set_log_bytes(shared.wal_file_bytes(), true),
+        Ok(_) => {
+            // Readers still in the log: it was checkpointed but not rewound. Next commit.
+            tracing::debug!(wal_bytes = bytes, "WAL rewind waits for readers");
+            shared.set_log_bytes(bytes, false);
+        }
+        Err(e) if is_io_error(&e) => {
+            let reason = format!("WAL checkpoint failed: {e}");
+            tracing::error!(%reason, "store poisoned: refusing all writes");
+            poison(shared, &reason);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, wal_bytes = bytes, "WAL rewind did not run; will retry");
+            shared.set_log_bytes(bytes, false);
+        }
+    }
+}
+
+/// Whether `e` says the disk failed (the store must then be poisoned).
+pub fn is_io_error(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::SystemIoFailure | rusqlite::ErrorCode::DiskFull)
+    )
+}
+
 fn exec_cached(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute([])
 }
 
-fn poison(shared: &Shared, reason: &str) {
+pub fn poison(shared: &Shared, reason: &str) {
     if let Ok(mut p) = shared.poisoned.lock() {
         if p.is_none() {
             *p = Some(reason.to_owned());

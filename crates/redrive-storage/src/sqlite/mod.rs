@@ -60,6 +60,10 @@ pub struct SqliteOptions {
     pub cache_mib: u32,
     /// Called after each commit with (message transitions in it, seconds in COMMIT).
     pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+    /// Bound on the write-ahead log file, bytes (see `group_commit::bound_log`): when the
+    /// log passes half of it, the writer rewinds it after its next commit. The file can
+    /// exceed the bound only by what one commit writes.
+    pub max_wal_bytes: u64,
 }
 
 impl std::fmt::Debug for SqliteOptions {
@@ -83,9 +87,19 @@ impl SqliteOptions {
             seed: None,
             cache_mib: 32,
             commit_observer: None,
+            max_wal_bytes: DEFAULT_MAX_WAL_BYTES,
         }
     }
 }
+
+/// Default bound on the write-ahead log: 64 MiB. Rewinding it costs the writer one
+/// checkpoint of what the background checkpointer has not copied yet (measured in
+/// docs/ARCHITECTURE.md); a larger bound rewinds less often, a smaller one keeps less disk.
+pub const DEFAULT_MAX_WAL_BYTES: u64 = 64 << 20;
+
+/// Smallest accepted [`SqliteOptions::max_wal_bytes`]: 1 MiB (below that the writer would
+/// rewind the log after almost every commit).
+pub const MIN_MAX_WAL_BYTES: u64 = 1 << 20;
 
 /// Page size of a new database (an existing one keeps its own); see `schema` for why 1 KiB.
 const PAGE_SIZE: u32 = 1024;
@@ -131,11 +145,19 @@ fn open_connection(
     };
     conn.execute_batch(&format!(
         "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA cache_size = -{}; \
-         PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = 67108864;",
-        opts.cache_mib as u64 * 1024
+         PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = {};",
+        opts.cache_mib as u64 * 1024,
+        wal_restart_bytes(opts)
     ))?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// The log size past which the writer rewinds the WAL: half the bound, so that the commits
+/// written while a rewind waits for its turn stay under it. SQLite truncates the file back to
+/// this size (`journal_size_limit`) on the first commit after a rewind.
+fn wal_restart_bytes(opts: &SqliteOptions) -> u64 {
+    opts.max_wal_bytes.max(MIN_MAX_WAL_BYTES) / 2
 }
 
 impl SqliteStore {
@@ -165,6 +187,9 @@ impl SqliteStore {
             poisoned: Mutex::new(None),
             stats: Mutex::new(CommitStats::default()),
             observer: opts.commit_observer.clone(),
+            wal_path: wal_path(&path),
+            wal_restart_bytes: wal_restart_bytes(&opts),
+            checkpoint_lock: Mutex::new(()),
         });
         let writer_shared = shared.clone();
         let writer = std::thread::Builder::new()
@@ -191,7 +216,13 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut WriterState) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        if let Some(reason) = self.poisoned() {
+        if let Some(reason) = self
+            .shared
+            .poisoned
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or(None)
+        {
             return Err(StoreError::Poisoned(reason));
         }
         let (tx, rx) = oneshot::channel();
@@ -227,6 +258,13 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Backend(format!("reader task failed: {e}")))?
     }
+}
+
+/// The WAL file of the database at `db`.
+fn wal_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
 }
 
 fn random_seed() -> u64 {
@@ -334,11 +372,18 @@ impl Store for SqliteStore {
     }
 
     fn poisoned(&self) -> Option<String> {
-        self.shared
+        let poisoned = self
+            .shared
             .poisoned
             .lock()
             .map(|p| p.clone())
-            .unwrap_or(None)
+            .unwrap_or(None);
+        poisoned.or_else(|| {
+            // The writer thread is gone (closed, or died): no write can succeed any more.
+            self.jobs
+                .is_closed()
+                .then(|| "the store's writer has stopped".to_owned())
+        })
     }
 
     async fn close(&self) {

@@ -1,0 +1,114 @@
+//! The engine's clock, injected so that tests drive time instead of sleeping.
+//!
+//! Every timestamp the engine hands the store (`now` of a publish, a lease, a tick …) and
+//! every wait of the scheduler comes from a [`Clock`]. Production uses [`SystemClock`];
+//! tests use [`ManualClock`], which stands still until the test moves it, and wakes the
+//! scheduler when it does. Long-poll deadlines (`wait`) are request timeouts, not message
+//! times: they stay on tokio's timer (which `tokio::time::pause` controls).
+
+use redrive_core::Timestamp;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A future returned by [`Clock::sleep_until`].
+pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Where the engine reads the time.
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// The time now.
+    fn now(&self) -> Timestamp;
+
+    /// Resolves once [`Clock::now`] has reached `at` (or later).
+    fn sleep_until(&self, at: Timestamp) -> Sleep<'_>;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    fn sleep_until(&self, at: Timestamp) -> Sleep<'_> {
+        let wait = at.millis_since(Timestamp::now()).max(0) as u64;
+        Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+}
+
+/// A clock that moves only when told to ([`ManualClock::advance`], [`ManualClock::set`]).
+#[derive(Debug)]
+pub struct ManualClock {
+    now_ms: AtomicI64,
+    moved: Notify,
+}
+
+impl ManualClock {
+    /// A clock standing at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        Self {
+            now_ms: AtomicI64::new(start.as_millis()),
+            moved: Notify::new(),
+        }
+    }
+
+    /// Move the clock forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.now_ms
+            .fetch_add(ms.min(i64::MAX as u64) as i64, Ordering::SeqCst);
+        self.moved.notify_waiters();
+    }
+
+    /// Set the clock to `at` (never backwards: an earlier `at` is ignored).
+    pub fn set(&self, at: Timestamp) {
+        self.now_ms.fetch_max(at.as_millis(), Ordering::SeqCst);
+        self.moved.notify_waiters();
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.now_ms.load(Ordering::SeqCst))
+    }
+
+    fn sleep_until(&self, at: Timestamp) -> Sleep<'_> {
+        Box::pin(async move {
+            loop {
+                let moved = self.moved.notified();
+                tokio::pin!(moved);
+                moved.as_mut().enable();
+                if self.now() >= at {
+                    return;
+                }
+                moved.await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn manual_clock_sleep_ends_when_the_clock_reaches_the_time() {
+        let clock = std::sync::Arc::new(ManualClock::new(Timestamp::from_millis(1_000)));
+        let sleeper = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.sleep_until(Timestamp::from_millis(1_500)).await })
+        };
+        tokio::task::yield_now().await;
+        clock.advance(499);
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished(), "woke before its time");
+        clock.advance(1);
+        sleeper.await.unwrap();
+        assert_eq!(clock.now(), Timestamp::from_millis(1_500));
+        clock.set(Timestamp::from_millis(10)); // never backwards
+        assert_eq!(clock.now(), Timestamp::from_millis(1_500));
+    }
+}
