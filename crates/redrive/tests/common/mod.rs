@@ -22,6 +22,15 @@ pub struct Node {
     pub base: String,
 }
 
+impl Drop for Node {
+    /// A test that fails half-way leaves no server running (tests kill their nodes
+    /// themselves; a second kill of a reaped child is harmless).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Start with the config file in `dir` and the data in `dir/data`.
 pub fn start(dir: &Path, port: u16, config_text: &str) -> Node {
     start_in(dir, &dir.join("data"), port, config_text)
