@@ -1,6 +1,9 @@
 //! Helpers shared by the binary's integration tests: start `redrive serve` on a free
-//! loopback port with a config, and wait until it is ready.
+//! loopback port with a config, and wait until it is ready. `load` is the crash tests'
+//! publish / lease / ack load and its ledger.
 #![allow(dead_code)]
+
+pub mod load;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -19,8 +22,23 @@ pub struct Node {
     pub base: String,
 }
 
+impl Drop for Node {
+    /// A test that fails half-way leaves no server running (tests kill their nodes
+    /// themselves; a second kill of a reaped child is harmless).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start with the config file in `dir` and the data in `dir/data`.
 pub fn start(dir: &Path, port: u16, config_text: &str) -> Node {
-    let config = dir.join("redrive.toml");
+    start_in(dir, &dir.join("data"), port, config_text)
+}
+
+/// Start with the config file in `config_dir` and the data in `data_dir`.
+pub fn start_in(config_dir: &Path, data_dir: &Path, port: u16, config_text: &str) -> Node {
+    let config = config_dir.join("redrive.toml");
     std::fs::write(&config, config_text).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
         .args([
@@ -29,12 +47,13 @@ pub fn start(dir: &Path, port: u16, config_text: &str) -> Node {
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(dir.join("data"))
+        .arg(data_dir)
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")
         // Test knobs are no server settings (the server refuses unknown REDRIVE_* keys).
         .env_remove("REDRIVE_CRASH_CYCLES")
+        .env_remove("REDRIVE_POWER_CUT_CYCLES")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
