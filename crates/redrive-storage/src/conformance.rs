@@ -204,6 +204,7 @@ pub fn cases<S: Store>() -> Vec<Case<S>> {
         key_ordering_one_lease_per_key_after_redrive,
         search_filters,
         search_pages_newest_first,
+        search_rejects_invalid_cursor,
         purge_deletes_old_done_never_dead,
         queue_stats_counts_per_state,
         publish_with_failure_is_first_attempt,
@@ -2099,6 +2100,38 @@ async fn search_pages_newest_first<S: Store>(s: Arc<S>) {
     let unique: HashSet<MessageId> = got.iter().copied().collect();
     assert_eq!(unique.len(), got.len(), "a message appeared on two pages");
     assert_eq!(got, want, "pages are not the whole result, newest first");
+}
+
+/// A cursor is opaque: only a `next_cursor` may come back. Anything else is
+/// [`StoreError::InvalidCursor`] (a 400), never a backend error or a silent empty page.
+async fn search_rejects_invalid_cursor<S: Store>(s: Arc<S>) {
+    for i in 0..3 {
+        publish(&*s, msg(Q, json!({ "i": i })), at(i)).await;
+    }
+    let filter = MessageFilter::default();
+    let first = s.search(filter.clone(), 2, None).await.expect("search");
+    let good = first.next_cursor.expect("a cursor after a full first page");
+    for bad in [
+        "garbage",
+        "-1",
+        "0",
+        "",
+        " 5",
+        "5 ",
+        "+5",
+        "1e3",
+        "99999999999999999999999",
+    ] {
+        match s.search(filter.clone(), 2, Some(bad.to_owned())).await {
+            Err(StoreError::InvalidCursor(c)) => assert_eq!(c, bad, "the error names the cursor"),
+            other => panic!("cursor {bad:?}: expected InvalidCursor, got {other:?}"),
+        }
+    }
+    let next = s
+        .search(filter, 2, Some(good))
+        .await
+        .expect("a real cursor still works");
+    assert_eq!(next.messages.len(), 1, "the second page");
 }
 
 async fn purge_deletes_old_done_never_dead<S: Store>(s: Arc<S>) {

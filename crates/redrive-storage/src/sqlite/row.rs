@@ -30,15 +30,33 @@ pub struct Row {
     pub last_error: Option<String>,
 }
 
+/// A `state` column holding a code no [`State`] has: a newer redrive wrote it, or the
+/// file is damaged. Reading it is an error, never a guess (it used to read as `dead`).
+#[derive(Debug, thiserror::Error)]
+#[error("state code {0} in the database is not a known state (scheduled 0, ready 1, leased 2, done 3, dead 4)")]
+pub struct UnknownState(pub u8);
+
+/// [`UnknownState`] as the store's error.
+pub fn unknown_state(code: u8) -> StoreError {
+    StoreError::Backend(UnknownState(code).to_string())
+}
+
 impl Row {
     /// Read a row selected with [`super::schema::COLUMNS`] (starting at column `0`).
     pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        let state: u8 = r.get(3)?;
+        let code: u8 = r.get(3)?;
+        let state = State::from_code(code).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                3,
+                rusqlite::types::Type::Integer,
+                Box::new(UnknownState(code)),
+            )
+        })?;
         Ok(Row {
             seq: r.get(0)?,
             id: r.get(1)?,
             queue: r.get(2)?,
-            state: State::from_code(state).unwrap_or(State::Dead),
+            state,
             priority: r.get(4)?,
             due_at: r.get(5)?,
             key: r.get(6)?,

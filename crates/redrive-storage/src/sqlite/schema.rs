@@ -21,6 +21,7 @@
 //! rows are touched in random order (measured: 313 KB of WAL per commit with
 //! 4 KiB pages on the delayed-delivery benchmark).
 
+use super::sql_error::SqlResultExt;
 use rusqlite::Connection;
 
 /// Bumped when the schema changes; a store refuses to open a newer one.
@@ -75,7 +76,7 @@ CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
 
 /// Create or check the schema.
 pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
-    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(SCHEMA).db()?;
     let found: Option<String> = conn
         .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
             r.get(0)
@@ -86,7 +87,8 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
             conn.execute(
                 "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?1)",
                 [SCHEMA_VERSION.to_string()],
-            )?;
+            )
+            .db()?;
         }
         Some(v) if v > SCHEMA_VERSION => {
             return Err(crate::StoreError::Backend(format!(
