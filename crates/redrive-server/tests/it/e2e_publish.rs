@@ -411,3 +411,82 @@ async fn permanent_failure_at_publish_is_dead() {
     );
     s.stop().await;
 }
+
+/// Defect 2 of issue 5: with `done_retention` (1 s) shorter than `idempotency_window`
+/// (24 h), publish → lease → ack → purge → the same publish used to answer 201 with a
+/// new id (the payment processed twice). It answers 200 with the original id and state
+/// `done`, and nothing new is delivered. The purge is driven directly with a later
+/// clock reading (no waiting).
+#[tokio::test]
+async fn idempotent_replay_after_purge_returns_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("redrive.toml");
+    std::fs::write(&path, "done_retention = \"1s\"\n").unwrap();
+    let overrides = redrive_server::Overrides {
+        listen: Some("127.0.0.1:0".into()),
+        data_dir: Some(dir.path().join("data")),
+    };
+    let config = redrive_server::Config::load(Some(&path), Vec::new(), &overrides).unwrap();
+    let (engine, metrics) = redrive_server::open(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = redrive_server::api::router(engine.clone(), metrics);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let http = reqwest::Client::new();
+    let post = |path: String, body: serde_json::Value| {
+        let req = http.post(format!("{base}{path}")).json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let publish = json!({"payload": {"pay": 10}, "idempotency_key": "pay-1"});
+    let (st, first) = post("/v1/queues/pay/messages".into(), publish.clone()).await;
+    assert_eq!(st, 201, "{first}");
+    let id = id_of(&first);
+    let (st, leased) = post("/v1/queues/pay/leases".into(), json!({"max": 1})).await;
+    assert_eq!(st, 200, "{leased}");
+    let l = &leased["messages"][0];
+    assert_eq!(id_of(l), id, "{leased}");
+    let (st, acked) = post(
+        format!("/v1/messages/{id}/ack"),
+        json!({"lease": lease_of(l)}),
+    )
+    .await;
+    assert_eq!(st, 200, "{acked}");
+    // done_retention is 1 s: a purge 2 s from now deletes the done message.
+    let now = redrive_core::Timestamp::now().plus_ms(2_000);
+    engine.purge(now).await.unwrap();
+    let r = http
+        .get(format!("{base}/v1/messages/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404, "the done message was not purged");
+    let (st, replay) = post("/v1/queues/pay/messages".into(), publish).await;
+    assert_eq!(st, 200, "a replay after the purge is not a 200: {replay}");
+    assert_eq!(
+        id_of(&replay),
+        id,
+        "a replay after the purge made a new message"
+    );
+    assert_eq!(replay["state"], "done", "{replay}");
+    assert_eq!(replay["payload"], json!({"pay": 10}), "{replay}");
+    assert_eq!(replay["created_at"], first["created_at"], "{replay}");
+    let (st, leased) = post(
+        "/v1/queues/pay/leases".into(),
+        json!({"max": 10, "wait": "0s"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{leased}");
+    assert_eq!(
+        leased["messages"],
+        json!([]),
+        "a replay delivered something"
+    );
+    server.abort();
+    engine.store().close().await;
+}

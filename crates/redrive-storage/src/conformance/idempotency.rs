@@ -162,3 +162,78 @@ pub async fn idempotency_key_reusable_after_window<S: Store>(s: Arc<S>) {
         "the new message owns the key now"
     );
 }
+
+/// Defect 2 of issue 5: with `done_retention` shorter than the idempotency window, a
+/// replay after the purge used to publish a second message (the payment processed
+/// twice). The key outlives its message for the whole window: the replay answers the
+/// original's id, `replayed`, with what is still known of it, and writes nothing.
+pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>) {
+    let mut m = with_ikey(Q, "pay-1", json!({"amount": 10}));
+    m.headers.insert("trace".into(), "t-9".into());
+    m.key = Some("customer-1".into());
+    m.priority = 3;
+    let orig = publish(&*s, m.clone(), at(0)).await;
+    let l = lease_one(&*s, Q, orig.id, 30_000, at(5)).await;
+    ack(&*s, orig.id, &l.token, at(10)).await.expect("ack");
+    // done_retention 1 s, well inside the 60 s window.
+    let purged = s.purge(at(20_000), 1_000).await.expect("purge");
+    assert_eq!(
+        purged.done_deleted,
+        vec![(Q.to_owned(), 1)],
+        "the done message is purged"
+    );
+    assert_eq!(purged.idempotency_deleted, 0, "the key is kept");
+    assert!(s.get(orig.id).await.expect("get").is_none(), "purged");
+    for t in [30_000, 50_000] {
+        let r = s.publish(vec![m.clone()], at(t)).await.expect("replay");
+        assert!(r[0].replayed, "at {t}: a replay after the purge is not one");
+        let got = &r[0].message;
+        assert_eq!(got.id, orig.id, "at {t}: a new message, not the original");
+        assert_eq!(got.state, State::Done);
+        assert_eq!(got.queue, Q);
+        assert_eq!(got.created_at, at(0));
+        assert_eq!(got.finished_at, Some(at(10)));
+        assert_eq!(got.attempts, 1);
+        assert_eq!(
+            got.payload, orig.payload,
+            "the payload (equal by fingerprint)"
+        );
+        assert_eq!(got.headers, orig.headers);
+        assert_eq!(got.key, orig.key);
+        assert_eq!(got.priority, 3);
+        assert_eq!(got.idempotency_key.as_deref(), Some("pay-1"));
+        // A later purge inside the window keeps what the key knows.
+        let p = s.purge(at(t + 1), 1_000).await.expect("purge");
+        assert_eq!(
+            p.idempotency_deleted, 0,
+            "at {t}: the key is forgotten early"
+        );
+    }
+    let stats = s.queue_stats().await.expect("stats");
+    assert!(
+        stats.is_empty(),
+        "a replay after the purge wrote a message: {stats:?}"
+    );
+    assert!(
+        lease(&*s, Q, 10, 30_000, at(55_000)).await.is_empty(),
+        "a replay after the purge delivered something"
+    );
+    // Another payload under the key is still a conflict.
+    match s
+        .publish(
+            vec![with_ikey(Q, "pay-1", json!({"amount": 11}))],
+            at(41_000),
+        )
+        .await
+    {
+        Err(StoreError::IdempotencyConflict { key, .. }) => assert_eq!(key, "pay-1"),
+        other => panic!("another payload under a purged message's key: {other:?}"),
+    }
+    // After the window the key is free again.
+    let w = IDEMPOTENCY_WINDOW_MS as i64;
+    let again = publish(&*s, m, at(w + 1)).await;
+    assert_ne!(
+        again.id, orig.id,
+        "after the window the key creates a new message"
+    );
+}

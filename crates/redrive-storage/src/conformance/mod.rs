@@ -206,6 +206,7 @@ macro_rules! conformance_tests {
                 idempotent_publish_replays_original,
                 idempotency_conflict_writes_nothing,
                 idempotency_key_reusable_after_window,
+                idempotent_replay_after_purge_returns_original,
             ],
             lease: [
                 lease_order_is_priority_then_due_then_age,

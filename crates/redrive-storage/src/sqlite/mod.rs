@@ -11,6 +11,7 @@
 
 mod checkpoint;
 mod group_commit;
+mod idempotency;
 mod reads;
 mod row;
 mod schema;

@@ -97,7 +97,9 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
     let found: Option<(Row, String)> = conn
         .prepare_cached(sql)
         .db()?
-        .query_row([id.to_string()], |r| Ok((Row::from_sql(r)?, r.get(22)?)))
+        .query_row([id.to_string()], |r| {
+            Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+        })
         .optional()
         .db()?;
     match found {

@@ -28,6 +28,8 @@ pub struct Row {
     pub finished_at: Option<i64>,
     pub dead_reason: Option<String>,
     pub last_error: Option<String>,
+    /// Start of the `max_age` window, ms: set by a redrive; `None` means `created_at`.
+    pub window_start: Option<i64>,
 }
 
 /// A `state` column holding a code no [`State`] has: a newer redrive wrote it, or the
@@ -75,6 +77,7 @@ impl Row {
             finished_at: r.get(19)?,
             dead_reason: r.get(20)?,
             last_error: r.get(21)?,
+            window_start: r.get(22)?,
         })
     }
 
@@ -83,6 +86,11 @@ impl Row {
         self.attempts
             .saturating_sub(self.budget_base)
             .saturating_sub(self.uncounted)
+    }
+
+    /// Start of the `max_age` window: the last redrive, or the publish.
+    pub fn window_start(&self) -> i64 {
+        self.window_start.unwrap_or(self.created_at)
     }
 
     /// The message this row stores; `history` is the raw JSON array, if wanted.

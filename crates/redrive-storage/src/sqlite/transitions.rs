@@ -6,6 +6,7 @@
 //! It validates before it writes wherever it can; when it cannot, returning an
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
+use super::idempotency::Tombstone;
 use super::row::Row;
 use super::schema::columns;
 use super::sql_error::SqlResultExt;
@@ -167,14 +168,19 @@ impl WriterState {
             let payload = serde_json::to_string(&item.payload)?;
             let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
             if let Some(ikey) = &item.idempotency_key {
-                let found: Option<(String, String)> = self
+                let found: Option<(String, String, Option<String>, i64)> = self
                     .conn
                     .prepare_cached(
-                        "SELECT message_id, fingerprint FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND expires_at > ?3",
-                    ).db()?
-                    .query_row(params![item.queue, ikey, now.as_millis()], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional().db()?;
-                if let Some((mid, fp)) = found {
+                        "SELECT message_id, fingerprint, tombstone, expires_at FROM idempotency \
+                         WHERE queue = ?1 AND ikey = ?2 AND expires_at > ?3",
+                    )
+                    .db()?
+                    .query_row(params![item.queue, ikey, now.as_millis()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()
+                    .db()?;
+                if let Some((mid, fp, tombstone, expires_at)) = found {
                     if fp != fingerprint {
                         return Err(StoreError::IdempotencyConflict {
                             index,
@@ -193,7 +199,22 @@ impl WriterState {
                             });
                             continue;
                         }
-                        Err(StoreError::NotFound(_)) => {} // deleted by an operator: publish anew
+                        // Purged (an operator's delete removes the record too): the key
+                        // outlives its message, so answer what the record remembers.
+                        Err(StoreError::NotFound(_)) => {
+                            out.push(Published {
+                                message: super::idempotency::purged_message(
+                                    id,
+                                    &item,
+                                    tombstone.as_deref(),
+                                    expires_at,
+                                    self.idempotency_window_ms,
+                                )?,
+                                replayed: true,
+                                failure: None,
+                            });
+                            continue;
+                        }
                         Err(e) => return Err(e),
                     }
                 }
@@ -231,6 +252,7 @@ impl WriterState {
                 finished_at: None,
                 dead_reason: None,
                 last_error: None,
+                window_start: None,
             };
             let mut history = Vec::new();
             let mut failure_outcome = None;
@@ -672,7 +694,9 @@ impl WriterState {
             .conn
             .prepare_cached(sql)
             .db()?
-            .query_row([seq], |r| Ok((Row::from_sql(r)?, r.get(22)?)))
+            .query_row([seq], |r| {
+                Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+            })
             .db()?;
         row.to_message(Some(&history))
     }
@@ -740,17 +764,52 @@ impl WriterState {
         let cutoff = now
             .as_millis()
             .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
-        let queues: Vec<String> = self
+        let purged: Vec<(String, Option<(String, String, Tombstone)>)> = self
             .conn
             .prepare_cached(
                 "DELETE FROM messages WHERE seq IN \
-                 (SELECT seq FROM messages WHERE state = 3 AND finished_at < ?1 LIMIT ?2) RETURNING queue",
+                 (SELECT seq FROM messages WHERE state = 3 AND finished_at < ?1 LIMIT ?2) \
+                 RETURNING queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
+                 priority, msg_key, headers",
             ).db()?
-            .query_map(params![cutoff, PURGE_LIMIT], |r| r.get(0)).db()?
+            .query_map(params![cutoff, PURGE_LIMIT], |r| {
+                let ikey: Option<String> = r.get(1)?;
+                let facts = match ikey {
+                    None => None,
+                    Some(ikey) => {
+                        let headers: Option<String> = r.get(9)?;
+                        Some((ikey, r.get(2)?, Tombstone {
+                            created_at: r.get(3)?,
+                            updated_at: r.get(4)?,
+                            finished_at: r.get(5)?,
+                            attempts: r.get(6)?,
+                            priority: r.get(7)?,
+                            key: r.get(8)?,
+                            headers: match headers {
+                                Some(h) => serde_json::from_str(&h).map_err(|e| {
+                                    rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
+                                })?,
+                                None => Default::default(),
+                            },
+                        }))
+                    }
+                };
+                Ok((r.get(0)?, facts))
+            }).db()?
             .collect::<Result<_, _>>().db()?;
-        let more = queues.len() as i64 >= PURGE_LIMIT;
+        let more = purged.len() as i64 >= PURGE_LIMIT;
+        // The key outlives the message (SPEC §4): its record keeps what a replay answers.
+        for (q, facts) in &purged {
+            if let Some((ikey, id, tombstone)) = facts {
+                self.conn
+                    .prepare_cached(
+                        "UPDATE idempotency SET tombstone = ?4 WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3",
+                    ).db()?
+                    .execute(params![q, ikey, id, serde_json::to_string(tombstone)?]).db()?;
+            }
+        }
         let mut per_queue: Vec<(String, u64)> = Vec::new();
-        for q in queues {
+        for (q, _) in purged {
             self.moved(&q, Some(State::Done), None);
             match per_queue.iter_mut().find(|(n, _)| *n == q) {
                 Some((_, c)) => *c += 1,
