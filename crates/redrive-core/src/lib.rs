@@ -15,7 +15,7 @@
 //! let policy = RetryPolicy::preset("svix").unwrap();
 //! let mut rng = SplitMix64::new(7);
 //! let now = Timestamp::from_millis(1_700_000_000_000);
-//! let ctx = FailureContext { counted_attempts: 1, created_at: now, now, prev_delay_ms: None };
+//! let ctx = FailureContext { counted_attempts: 1, window_start: now, now, prev_delay_ms: None };
 //! let failure = Failure::new(ErrorClass::Transient, "HTTP 503");
 //! match policy.decide(&ctx, &failure, &mut rng) {
 //!     Decision::Retry { delay_ms, .. } => assert_eq!(delay_ms, 5_000),

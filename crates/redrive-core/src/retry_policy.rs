@@ -9,7 +9,8 @@
 //!
 //! Invariants (property-tested in `tests/retry_policy_props.rs`):
 //! - a retry delay never exceeds `max_delay` (after jitter);
-//! - no retry is scheduled past `created_at + max_age`;
+//! - no retry is scheduled past `window_start + max_age` (the window starts at the
+//!   publish and again at each redrive);
 //! - the same seed yields the same schedule;
 //! - jitter stays within the range [`RetryPolicy::explain`] prints.
 
@@ -84,7 +85,7 @@ pub struct RetryPolicyConfig {
     pub max_delay: Option<DurationMs>,
     /// Jitter.
     pub jitter: Option<Jitter>,
-    /// No retry is scheduled past `created_at + max_age`.
+    /// No retry is scheduled past `max_age` after the publish, or after the last redrive.
     pub max_age: Option<DurationMs>,
     /// Delays of `backoff = "schedule"`.
     pub schedule: Option<Vec<DurationMs>>,
@@ -176,7 +177,7 @@ pub struct RetryPolicy {
     pub max_delay_ms: u64,
     /// Jitter.
     pub jitter: Jitter,
-    /// Retry window from `created_at`, ms.
+    /// Retry window from the publish (or the last redrive), ms.
     pub max_age_ms: u64,
     /// Delays of `Backoff::Schedule`, ms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -231,8 +232,9 @@ pub struct FailureContext {
     /// Attempts counted against `max_attempts` so far, the failed one included
     /// (≥ 1). Rate-limited attempts are included only if the policy counts them.
     pub counted_attempts: u32,
-    /// The message's publish time (start of the `max_age` window).
-    pub created_at: Timestamp,
+    /// Start of the `max_age` window: the message's publish time, or its last redrive
+    /// (a redrive gives a fresh window as well as a fresh attempt budget, SPEC §2).
+    pub window_start: Timestamp,
     /// Now.
     pub now: Timestamp,
     /// The delay chosen before the previous attempt, if any (decorrelated jitter).
@@ -423,7 +425,7 @@ impl RetryPolicy {
             }
         };
         let due_at = ctx.now.plus_ms(delay_ms);
-        let deadline = ctx.created_at.plus_ms(self.max_age_ms);
+        let deadline = ctx.window_start.plus_ms(self.max_age_ms);
         if due_at > deadline {
             return Decision::Dead {
                 reason: DeadReason::MaxAge,
@@ -514,7 +516,7 @@ mod tests {
         let t = Timestamp::from_millis(1_000_000);
         FailureContext {
             counted_attempts: n,
-            created_at: t,
+            window_start: t,
             now: t,
             prev_delay_ms: None,
         }

@@ -6,7 +6,7 @@
 //!
 //! 1. a retry delay never exceeds `max_delay`, except a `rate_limited`
 //!    failure's `retry_after`, which is bounded by `max_retry_after` instead;
-//! 2. a retry is due exactly `delay` from now and never past `created_at + max_age`;
+//! 2. a retry is due exactly `delay` from now and never past `window_start + max_age`;
 //! 3. the same inputs and seed give the same decision, and the same schedule;
 //! 4. every drawn delay lies in the range `explain()` prints for its attempt;
 //! 5. `permanent` is dead at once, counted failures stop at `max_attempts`,
@@ -108,7 +108,7 @@ prop_compose! {
         prev_delay_ms in option::of(duration_ms(2 * DAY)),
     ) -> FailureContext {
         let created_at = Timestamp::from_millis(created_at);
-        FailureContext { counted_attempts, created_at, now: created_at.plus_ms(age), prev_delay_ms }
+        FailureContext { counted_attempts, window_start: created_at, now: created_at.plus_ms(age), prev_delay_ms }
     }
 }
 
@@ -156,7 +156,7 @@ fn simulate(policy: &RetryPolicy, created_at: Timestamp, seed: u64) -> Vec<Decis
     for n in 1..=policy.max_attempts {
         let ctx = FailureContext {
             counted_attempts: n,
-            created_at,
+            window_start: created_at,
             now,
             prev_delay_ms,
         };
@@ -200,7 +200,7 @@ proptest! {
                 ),
             }
             prop_assert_eq!(due_at, ctx.now.plus_ms(delay_ms));
-            prop_assert!(due_at <= ctx.created_at.plus_ms(policy.max_age_ms));
+            prop_assert!(due_at <= ctx.window_start.plus_ms(policy.max_age_ms));
             prop_assert_eq!(counted, counts(&policy, &failure));
         }
     }
@@ -219,7 +219,7 @@ proptest! {
             (ErrorClass::RateLimited, Some(after)) => after.min(policy.max_retry_after_ms),
             _ => policy.max_delay_ms,
         };
-        if ctx.now.plus_ms(longest) <= ctx.created_at.plus_ms(policy.max_age_ms) {
+        if ctx.now.plus_ms(longest) <= ctx.window_start.plus_ms(policy.max_age_ms) {
             prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::MaxAge });
         }
     }
@@ -253,7 +253,7 @@ proptest! {
         let created_at = Timestamp::from_millis(created_at);
         let deadline = created_at.plus_ms(policy.max_age_ms);
         let now = Timestamp::from_millis(deadline.as_millis() - delay_ms as i64 + slack);
-        let ctx = FailureContext { counted_attempts: 1, created_at, now, prev_delay_ms: None };
+        let ctx = FailureContext { counted_attempts: 1, window_start: created_at, now, prev_delay_ms: None };
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         if slack <= 0 {
             prop_assert_eq!(
@@ -367,7 +367,7 @@ proptest! {
     ) {
         let policy = RetryPolicy { max_attempts, max_age_ms: u64::MAX, ..policy };
         let now = Timestamp::from_millis(1_700_000_000_000);
-        let ctx = FailureContext { counted_attempts, created_at: now, now, prev_delay_ms };
+        let ctx = FailureContext { counted_attempts, window_start: now, now, prev_delay_ms };
         let failure = Failure::new(class, "boom");
         match policy.decide(&ctx, &failure, &mut SplitMix64::new(seed)) {
             Decision::Retry { delay_ms, .. } => prop_assert!(delay_ms <= policy.max_delay_ms),
@@ -403,7 +403,7 @@ proptest! {
             prop_assert_eq!((row.cumulative_min_ms, row.cumulative_max_ms), (cum_min, cum_max));
             prop_assert!(!row.may_exceed_max_age);
 
-            let ctx = FailureContext { counted_attempts: n, created_at, now, prev_delay_ms };
+            let ctx = FailureContext { counted_attempts: n, window_start: created_at, now, prev_delay_ms };
             match policy.decide(&ctx, &transient(), &mut rng) {
                 Decision::Retry { delay_ms, due_at, .. } => {
                     prop_assert!(
@@ -423,7 +423,7 @@ proptest! {
             }
         }
         let ctx = FailureContext {
-            counted_attempts: policy.max_attempts, created_at, now, prev_delay_ms,
+            counted_attempts: policy.max_attempts, window_start: created_at, now, prev_delay_ms,
         };
         prop_assert_eq!(
             policy.decide(&ctx, &transient(), &mut rng),
@@ -640,7 +640,7 @@ fn sidekiq_survives_huge_attempt_numbers() {
     for n in [65_535, 65_536, 100_000, u32::MAX - 1] {
         let ctx = FailureContext {
             counted_attempts: n,
-            created_at: now,
+            window_start: now,
             now,
             prev_delay_ms: None,
         };

@@ -162,7 +162,8 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<Timestamp, StoreError>;
 
-    /// Make a dead or scheduled message ready now, with a fresh attempt budget.
+    /// Make a dead or scheduled message ready now, with a fresh attempt budget and a
+    /// fresh `max_age` window counted from now (SPEC §2); its history is kept.
     async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError>;
 
     /// Make a scheduled, ready or leased message dead with reason `killed`.

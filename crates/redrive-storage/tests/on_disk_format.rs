@@ -240,6 +240,36 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
     assert_eq!(r[0].message.id, purged);
     assert_eq!(r[0].message.state, State::Done);
     assert_eq!(r[0].message.created_at, at(0));
+    // A dead letter far past max_age is redriven with a fresh window (its row has no
+    // window start yet): a transient failure schedules a retry.
+    store.redrive(dead, at(3_600_000)).await.expect("redrive");
+    let l = store
+        .lease(
+            LeaseRequest {
+                queue: SHORT_AGE.into(),
+                max: 1,
+                lease_ms: 30_000,
+            },
+            at(3_600_001),
+        )
+        .await
+        .expect("lease");
+    assert_eq!(l.len(), 1);
+    let out = store
+        .nack(
+            vec![Nack {
+                lease: LeaseRef {
+                    id: dead,
+                    token: l[0].token.clone(),
+                },
+                failure: Failure::new(ErrorClass::Transient, "still down"),
+            }],
+            at(3_600_002),
+        )
+        .await
+        .expect("nack");
+    let out = out[0].as_ref().expect("nack item");
+    assert_eq!(out.message.state, State::Scheduled, "{out:?}");
     // The ready message is delivered and acked as usual; purge keeps its key.
     let l = store
         .lease(

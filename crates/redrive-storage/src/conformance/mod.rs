@@ -227,6 +227,7 @@ macro_rules! conformance_tests {
             operator: [
                 redrive_dead_gives_fresh_budget,
                 redrive_needs_dead_or_scheduled,
+                redrive_restarts_max_age_window,
                 kill_makes_dead_killed,
                 killed_lease_token_is_expired,
                 delete_removes_message,

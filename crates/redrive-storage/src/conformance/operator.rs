@@ -266,3 +266,85 @@ pub async fn unknown_id_is_not_found<S: Store>(s: Arc<S>) {
     expect_err(s.kill(id, None, at(1)).await, "kill", is_not_found);
     expect_err(s.delete(id).await, "delete", is_not_found);
 }
+
+/// Defect 3 of issue 5: a dead letter older than `max_age`, redriven, used to die again
+/// of `max_age` on its first failure. A redrive starts a fresh window (counted from the
+/// redrive) as well as a fresh attempt budget; the history is kept.
+pub async fn redrive_restarts_max_age_window<S: Store>(s: Arc<S>) {
+    // SHORT_AGE: max_age 1.5 s, fixed 1 s retries, 10 attempts.
+    let m = publish(&*s, msg(SHORT_AGE, json!("old")), at(0)).await;
+    let f = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "down"),
+        at(0),
+    )
+    .await;
+    assert_eq!(f.message.state, State::Scheduled);
+    tick(&*s, at(1_000)).await;
+    let f = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "down"),
+        at(1_000),
+    )
+    .await;
+    assert_eq!(
+        f.dead_reason,
+        Some(DeadReason::MaxAge),
+        "the window of the publish ends"
+    );
+    // A day later the operator redrives it: far past created_at + max_age.
+    let day = 24 * 3_600_000;
+    let r = s.redrive(m.id, at(day)).await.expect("redrive");
+    assert_eq!(r.state, State::Ready);
+    assert_eq!(r.created_at, at(0), "a redrive keeps the publish time");
+    let f = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "still down"),
+        at(day + 1),
+    )
+    .await;
+    assert_eq!(
+        (f.message.state, f.dead_reason),
+        (State::Scheduled, None),
+        "a redriven dead letter died of the old max_age window"
+    );
+    assert_eq!(f.message.due_at, Some(at(day + 1_001)));
+    // The fresh window is max_age long from the redrive: the next retry would fall past it.
+    tick(&*s, at(day + 1_001)).await;
+    let f = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "down"),
+        at(day + 1_001),
+    )
+    .await;
+    assert_eq!(
+        f.dead_reason,
+        Some(DeadReason::MaxAge),
+        "the redrive's window ends too"
+    );
+    let full = get(&*s, m.id).await;
+    assert_eq!(
+        failures(&full),
+        vec![
+            (1, None),
+            (2, Some(DeadReason::MaxAge)),
+            (3, None),
+            (4, Some(DeadReason::MaxAge))
+        ],
+        "the history is kept across the redrive"
+    );
+    assert!(
+        full.history
+            .iter()
+            .any(|h| matches!(h.event, HistoryEvent::Redriven)),
+        "the redrive is in the history"
+    );
+}

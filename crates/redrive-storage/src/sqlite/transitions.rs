@@ -353,7 +353,7 @@ impl WriterState {
         let settings = self.catalog.get(&row.queue);
         let ctx = FailureContext {
             counted_attempts: row.counted_attempts().max(1),
-            created_at: Timestamp::from_millis(row.created_at),
+            window_start: Timestamp::from_millis(row.window_start()),
             now,
             prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
         };
@@ -619,7 +619,7 @@ impl WriterState {
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, \
-                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL WHERE seq = ?1",
+                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL, window_start = ?2 WHERE seq = ?1",
             ).db()?
             .execute(params![row.seq, now.as_millis()]).db()?;
         let entry = HistoryEntry {
