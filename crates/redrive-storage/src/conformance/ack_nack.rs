@@ -373,3 +373,75 @@ pub async fn max_age_ends_retries<S: Store>(s: Arc<S>) {
     assert_eq!(out.dead_reason, Some(DeadReason::MaxAge));
     assert_eq!(get(&*s, m.id).await.dead_reason, Some(DeadReason::MaxAge));
 }
+
+/// Defect 5 of issue 5: `rate_limited` with `retry_after: "0s"` on a fixed 1 s policy
+/// was a hot loop (680 deliveries in 2 s, each rewriting the history, until `max_age`).
+/// Each retry waits at least the policy's delay (1 s), and after [`MAX_RATE_LIMITED`]
+/// uncharged ones the rate-limited attempts count against `max_attempts`.
+pub async fn rate_limited_retry_after_zero_waits_policy_delay_then_counts<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let zero = || Failure {
+        retry_after_ms: Some(0),
+        ..failure(ErrorClass::RateLimited, "429")
+    };
+    let mut now = 0i64;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        let out = nack(&*s, m.id, &l.token, zero(), at(now))
+            .await
+            .expect("nack");
+        // Uncharged: MAX_RATE_LIMITED of them; then charged: MAX_ATTEMPTS of them.
+        if attempt == MAX_RATE_LIMITED + MAX_ATTEMPTS {
+            assert_eq!(
+                out.dead_reason,
+                Some(DeadReason::MaxAttempts),
+                "attempt {attempt}: charged rate limits end at max_attempts"
+            );
+            break;
+        }
+        assert_eq!(
+            out.message.state,
+            State::Scheduled,
+            "attempt {attempt}: {out:?}"
+        );
+        assert_eq!(
+            out.retry_delay_ms,
+            Some(RETRY_DELAY_MS),
+            "attempt {attempt}: retry_after 0s must wait the policy's delay"
+        );
+        assert_eq!(out.message.due_at, Some(at(now + RETRY_DELAY_MS as i64)));
+        assert!(
+            lease(&*s, Q, 1, 30_000, at(now + RETRY_DELAY_MS as i64 - 1))
+                .await
+                .is_empty()
+                && tick(&*s, at(now + RETRY_DELAY_MS as i64 - 1))
+                    .await
+                    .ready_queues
+                    .is_empty(),
+            "attempt {attempt}: deliverable before the policy's delay"
+        );
+        assert!(attempt < MAX_RATE_LIMITED + MAX_ATTEMPTS, "never dead");
+        now += RETRY_DELAY_MS as i64;
+    }
+    let dead = get(&*s, m.id).await;
+    assert_eq!(dead.attempts, MAX_RATE_LIMITED + MAX_ATTEMPTS);
+    // A redrive gives a fresh budget of uncharged rate limits too.
+    s.redrive(m.id, at(now + 1)).await.expect("redrive");
+    for n in 1..=MAX_RATE_LIMITED {
+        let t = now + 1 + (n as i64 - 1) * RETRY_DELAY_MS as i64;
+        tick(&*s, at(t)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(t)).await;
+        let out = nack(&*s, m.id, &l.token, zero(), at(t))
+            .await
+            .expect("nack");
+        assert_eq!(
+            out.message.state,
+            State::Scheduled,
+            "after redrive, rate limit {n}"
+        );
+    }
+}

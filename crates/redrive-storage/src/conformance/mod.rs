@@ -74,6 +74,10 @@ pub const MAX_ATTEMPTS: u32 = 3;
 pub const RETRY_DELAY_MS: u64 = 1_000;
 /// Bound on a `rate_limited` failure's `retry_after`, ms.
 pub const MAX_RETRY_AFTER_MS: u64 = 3_600_000;
+/// Uncharged rate-limited attempts of the suite's policy before they count: small, so
+/// that a case reaches the bound in a few steps, and above [`MAX_ATTEMPTS`], so that
+/// "more rate limits than attempts, none counted" can be shown.
+pub const MAX_RATE_LIMITED: u32 = 5;
 
 /// A queue with the default settings (no ordering).
 pub const Q: &str = "q";
@@ -117,6 +121,7 @@ pub fn policy(max_attempts: u32) -> RetryPolicy {
         schedule_ms: Vec::new(),
         max_retry_after_ms: MAX_RETRY_AFTER_MS,
         rate_limited_counts: false,
+        max_rate_limited: MAX_RATE_LIMITED,
     }
 }
 
@@ -222,6 +227,7 @@ macro_rules! conformance_tests {
                 nack_until_dead_max_attempts,
                 nack_permanent_is_dead_now,
                 rate_limited_honours_retry_after_and_is_not_counted,
+                rate_limited_retry_after_zero_waits_policy_delay_then_counts,
                 max_age_ends_retries,
             ],
             operator: [

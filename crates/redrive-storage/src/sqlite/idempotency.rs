@@ -21,6 +21,9 @@ use redrive_core::{Message, MessageId, NewMessage, State, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// A purged message's idempotency key, its id and its facts: (ikey, message id, facts).
+pub type PurgedKey = (String, String, Tombstone);
+
 /// The facts of a purged done message, kept in its idempotency record (JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tombstone {

@@ -6,7 +6,7 @@
 //! It validates before it writes wherever it can; when it cannot, returning an
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
-use super::idempotency::Tombstone;
+use super::idempotency::{PurgedKey, Tombstone};
 use super::row::Row;
 use super::schema::columns;
 use super::sql_error::SqlResultExt;
@@ -356,6 +356,7 @@ impl WriterState {
             window_start: Timestamp::from_millis(row.window_start()),
             now,
             prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
+            uncharged_rate_limited: row.uncounted,
         };
         let decision = settings.retry.decide(&ctx, failure, &mut self.rng);
         let error = LastError {
@@ -764,7 +765,7 @@ impl WriterState {
         let cutoff = now
             .as_millis()
             .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
-        let purged: Vec<(String, Option<(String, String, Tombstone)>)> = self
+        let purged: Vec<(String, Option<PurgedKey>)> = self
             .conn
             .prepare_cached(
                 "DELETE FROM messages WHERE seq IN \
