@@ -66,6 +66,9 @@ pub struct Nack {
 pub struct Acked {
     /// The message, now `done`.
     pub message: Message,
+    /// True when this ack repeated an earlier one (a retried request with the same
+    /// token): nothing changed, and it must not be counted again (metrics, wake-ups).
+    pub repeated: bool,
 }
 
 /// What a failed attempt led to (nack, expired lease, publish with `failed`).

@@ -6,15 +6,19 @@ use super::*;
 pub async fn ack_retried_with_same_token_succeeds<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
-    ack(&*s, m.id, &l.token, at(10)).await.expect("ack");
+    let first = ack(&*s, m.id, &l.token, at(10)).await.expect("ack");
+    assert!(!first.repeated, "the first ack is not a repeat");
     let again = ack(&*s, m.id, &l.token, at(20))
         .await
         .expect("a retried ack with the same token");
     assert_eq!(again.message.state, State::Done);
+    // Issue 5, defect 13: a repeat says so, so that it is not counted twice.
+    assert!(again.repeated, "a retried ack is not marked as a repeat");
     let late = ack(&*s, m.id, &l.token, at(50_000))
         .await
         .expect("a retried ack after the lease time");
     assert_eq!(late.message.state, State::Done);
+    assert!(late.repeated);
     let got = get(&*s, m.id).await;
     assert_eq!(got.history.len(), 1, "a retried ack wrote history again");
     assert_eq!(

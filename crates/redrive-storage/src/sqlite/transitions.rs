@@ -567,6 +567,7 @@ impl WriterState {
             self.moved(&row.queue, Some(State::Leased), Some(State::Done));
             return Ok(Acked {
                 message: row.to_message(None)?,
+                repeated: false,
             });
         }
         // Not the live lease: a retried ack of a done message, or an error to name. The fast
@@ -575,7 +576,8 @@ impl WriterState {
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
             return Ok(Acked {
                 message: row.to_message(None)?,
-            }); // a retried ack
+                repeated: true, // a retried ack
+            });
         }
         check_lease(&row, &lease.token, now)?;
         Err(StoreError::Backend(format!(
