@@ -15,7 +15,7 @@
 //! let policy = RetryPolicy::preset("svix").unwrap();
 //! let mut rng = SplitMix64::new(7);
 //! let now = Timestamp::from_millis(1_700_000_000_000);
-//! let ctx = FailureContext { counted_attempts: 1, created_at: now, now, prev_delay_ms: None };
+//! let ctx = FailureContext { counted_attempts: 1, window_start: now, now, prev_delay_ms: None, uncharged_rate_limited: 0 };
 //! let failure = Failure::new(ErrorClass::Transient, "HTTP 503");
 //! match policy.decide(&ctx, &failure, &mut rng) {
 //!     Decision::Retry { delay_ms, .. } => assert_eq!(delay_ms, 5_000),
@@ -42,7 +42,7 @@ pub use queue_name::{validate_queue_name, QueueNameError, MAX_QUEUE_NAME_BYTES};
 pub use queue_settings::{OnDead, Ordering, QueueCatalog, QueueSettings};
 pub use retry_policy::{
     Backoff, Decision, ExplainRow, FailureContext, Jitter, PolicyError, RetryPolicy,
-    RetryPolicyConfig,
+    RetryPolicyConfig, DEFAULT_MAX_RATE_LIMITED,
 };
 pub use rng::SplitMix64;
 pub use timestamp::{Timestamp, TimestampError};

@@ -18,15 +18,15 @@ use std::collections::BTreeMap;
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Waiting for `due_at`: a delayed publish or a retry backoff.
-    Scheduled,
+    Scheduled = 0,
     /// Due and deliverable.
-    Ready,
+    Ready = 1,
     /// Handed to a consumer until the lease expires.
-    Leased,
+    Leased = 2,
     /// Acked. Kept for the configured retention, then purged.
-    Done,
+    Done = 3,
     /// No more retries. Kept until an operator acts.
-    Dead,
+    Dead = 4,
 }
 
 impl State {
@@ -55,14 +55,29 @@ impl State {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
-    /// A small stable integer for storage.
+    /// A small stable integer for storage. These values are on disk (and in the SQLite
+    /// schema's partial indexes): they never change, and a new state takes a new number.
     pub fn code(self) -> u8 {
-        self as u8
+        match self {
+            State::Scheduled => 0,
+            State::Ready => 1,
+            State::Leased => 2,
+            State::Done => 3,
+            State::Dead => 4,
+        }
     }
 
-    /// The inverse of [`State::code`].
+    /// The inverse of [`State::code`]; `None` for a code no state has (a reader must
+    /// treat it as an error, not guess).
     pub fn from_code(c: u8) -> Option<Self> {
-        Self::ALL.get(c as usize).copied()
+        match c {
+            0 => Some(State::Scheduled),
+            1 => Some(State::Ready),
+            2 => Some(State::Leased),
+            3 => Some(State::Done),
+            4 => Some(State::Dead),
+            _ => None,
+        }
     }
 
     /// Done or dead: no delivery will happen without an operator.
@@ -267,6 +282,35 @@ mod tests {
             assert_eq!(State::parse(s.as_str()), Some(s));
         }
         assert_eq!(State::from_code(9), None);
+    }
+
+    /// The codes are on disk: changing one would silently re-state every stored message.
+    #[test]
+    fn state_codes_are_pinned_on_disk_values() {
+        let pinned = [
+            (State::Scheduled, 0u8),
+            (State::Ready, 1),
+            (State::Leased, 2),
+            (State::Done, 3),
+            (State::Dead, 4),
+        ];
+        for (state, code) in pinned {
+            assert_eq!(state.code(), code, "{state:?}");
+            assert_eq!(State::from_code(code), Some(state), "{code}");
+            assert_eq!(state as u8, code, "{state:?} discriminant");
+        }
+        assert_eq!(
+            State::ALL.len(),
+            pinned.len(),
+            "a new state needs a pinned code"
+        );
+    }
+
+    #[test]
+    fn unknown_state_code_is_none_not_dead() {
+        for code in [5u8, 9, 42, 255] {
+            assert_eq!(State::from_code(code), None, "{code}");
+        }
     }
 
     #[test]

@@ -9,9 +9,34 @@
 //!
 //! Invariants (property-tested in `tests/retry_policy_props.rs`):
 //! - a retry delay never exceeds `max_delay` (after jitter);
-//! - no retry is scheduled past `created_at + max_age`;
+//! - no retry is scheduled past `window_start + max_age` (the window starts at the
+//!   publish and again at each redrive);
 //! - the same seed yields the same schedule;
-//! - jitter stays within the range [`RetryPolicy::explain`] prints.
+//! - jitter stays within the range [`RetryPolicy::explain`] prints;
+//! - a `rate_limited` failure never waits less than the policy's floor for the
+//!   attempt ([`RetryPolicy::rate_limited_floor_ms`]), whatever its `retry_after`;
+//! - after `max_rate_limited` uncharged rate-limited attempts, they are charged.
+//!
+//! # Rate limits
+//!
+//! A `rate_limited` failure (HTTP 429 and the like) waits the consumer's `retry_after`
+//! (at most `max_retry_after`), or the backoff's delay when it gives none, and does
+//! not count against `max_attempts`. Two bounds keep that from becoming a hot loop
+//! (issue 5: `retry_after: "0s"` on a fixed 1 s policy gave 680 deliveries in 2 s):
+//!
+//! - **A floor.** The wait is never shorter than the policy's own delay for the
+//!   attempt *before jitter* (capped at `max_delay`; for the random backoffs,
+//!   `decorrelated` and `sidekiq`, the shortest delay they can draw). Jitter is not
+//!   applied to the floor: it exists to spread retries apart, and a floor that full
+//!   jitter could pull down to zero would not stop the loop. So `retry_after: "0s"`
+//!   on a fixed 1 s policy waits 1 s; on the default policy (exponential from 1 s),
+//!   at least 1 s, then 2 s, 4 s … as charged attempts accumulate. A `retry_after`
+//!   above `max_retry_after` is cut to it, but never below the floor.
+//! - **A budget of uncharged attempts.** After `max_rate_limited` uncharged
+//!   rate-limited attempts (default [`DEFAULT_MAX_RATE_LIMITED`], counted since the
+//!   publish or the last redrive), further ones count against `max_attempts` like any
+//!   failure, so a consumer that is rate limited for ever ends in the dead-letter
+//!   queue rather than redelivering until `max_age`.
 
 use crate::{
     format_duration_ms, DeadReason, DurationMs, ErrorClass, Failure, SplitMix64, Timestamp,
@@ -84,7 +109,7 @@ pub struct RetryPolicyConfig {
     pub max_delay: Option<DurationMs>,
     /// Jitter.
     pub jitter: Option<Jitter>,
-    /// No retry is scheduled past `created_at + max_age`.
+    /// No retry is scheduled past `max_age` after the publish, or after the last redrive.
     pub max_age: Option<DurationMs>,
     /// Delays of `backoff = "schedule"`.
     pub schedule: Option<Vec<DurationMs>>,
@@ -94,6 +119,8 @@ pub struct RetryPolicyConfig {
     pub max_retry_after: Option<DurationMs>,
     /// Whether `rate_limited` attempts count against `max_attempts`.
     pub rate_limited_counts: Option<bool>,
+    /// Rate-limited attempts left uncharged before they count against `max_attempts`.
+    pub max_rate_limited: Option<u32>,
 }
 
 impl RetryPolicyConfig {
@@ -111,6 +138,7 @@ impl RetryPolicyConfig {
             preset: self.preset.clone().or_else(|| base.preset.clone()),
             max_retry_after: self.max_retry_after.or(base.max_retry_after),
             rate_limited_counts: self.rate_limited_counts.or(base.rate_limited_counts),
+            max_rate_limited: self.max_rate_limited.or(base.max_rate_limited),
         }
     }
 
@@ -155,6 +183,9 @@ impl RetryPolicyConfig {
         if let Some(v) = self.rate_limited_counts {
             p.rate_limited_counts = v;
         }
+        if let Some(v) = self.max_rate_limited {
+            p.max_rate_limited = v;
+        }
         p.validate()?;
         Ok(p)
     }
@@ -176,7 +207,7 @@ pub struct RetryPolicy {
     pub max_delay_ms: u64,
     /// Jitter.
     pub jitter: Jitter,
-    /// Retry window from `created_at`, ms.
+    /// Retry window from the publish (or the last redrive), ms.
     pub max_age_ms: u64,
     /// Delays of `Backoff::Schedule`, ms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -185,7 +216,19 @@ pub struct RetryPolicy {
     pub max_retry_after_ms: u64,
     /// Whether `rate_limited` attempts count against `max_attempts`.
     pub rate_limited_counts: bool,
+    /// Rate-limited attempts left uncharged (since the publish or the last redrive)
+    /// before further ones count against `max_attempts`; see the module docs.
+    pub max_rate_limited: u32,
 }
+
+/// Default of `max_rate_limited`: 20 uncharged rate-limited attempts. With the floor,
+/// that is at least 20 × the first delay (20 s on the default policy) and, with a
+/// server's typical `retry_after` of a minute, about 20 minutes of waiting out a rate
+/// limit before the attempts count; long enough for a limit window (per second, per
+/// minute) to reset many times, short enough that a consumer rate limited for ever
+/// reaches the dead-letter queue after `max_attempts` more tries instead of
+/// redelivering for the whole `max_age` (7 days by default).
+pub const DEFAULT_MAX_RATE_LIMITED: u32 = 20;
 
 /// RocketMQ's 18 delay levels.
 const ROCKETMQ_LEVELS: &[&str] = &[
@@ -208,7 +251,8 @@ fn levels(list: &[&str]) -> Vec<u64> {
 
 impl Default for RetryPolicy {
     /// SPEC §3 defaults: 8 attempts, exponential from 1 s ×2, capped at 15 m, full
-    /// jitter, 7 d window, `retry_after` bounded at 1 h, rate limits not counted.
+    /// jitter, 7 d window, `retry_after` bounded at 1 h, rate limits not counted for
+    /// the first [`DEFAULT_MAX_RATE_LIMITED`].
     fn default() -> Self {
         Self {
             max_attempts: 8,
@@ -221,6 +265,7 @@ impl Default for RetryPolicy {
             schedule_ms: Vec::new(),
             max_retry_after_ms: HOUR,
             rate_limited_counts: false,
+            max_rate_limited: DEFAULT_MAX_RATE_LIMITED,
         }
     }
 }
@@ -231,12 +276,16 @@ pub struct FailureContext {
     /// Attempts counted against `max_attempts` so far, the failed one included
     /// (≥ 1). Rate-limited attempts are included only if the policy counts them.
     pub counted_attempts: u32,
-    /// The message's publish time (start of the `max_age` window).
-    pub created_at: Timestamp,
+    /// Start of the `max_age` window: the message's publish time, or its last redrive
+    /// (a redrive gives a fresh window as well as a fresh attempt budget, SPEC §2).
+    pub window_start: Timestamp,
     /// Now.
     pub now: Timestamp,
     /// The delay chosen before the previous attempt, if any (decorrelated jitter).
     pub prev_delay_ms: Option<u64>,
+    /// Rate-limited attempts left uncharged so far (since the publish or the last
+    /// redrive), the failed one excluded; compared with `max_rate_limited`.
+    pub uncharged_rate_limited: u32,
 }
 
 /// What happens after a failed attempt.
@@ -404,7 +453,10 @@ impl RetryPolicy {
         failure: &Failure,
         rng: &mut SplitMix64,
     ) -> Decision {
-        let counted = failure.class != ErrorClass::RateLimited || self.rate_limited_counts;
+        let rate_limited = failure.class == ErrorClass::RateLimited;
+        let counted = !rate_limited
+            || self.rate_limited_counts
+            || ctx.uncharged_rate_limited >= self.max_rate_limited;
         if failure.class == ErrorClass::Permanent {
             return Decision::Dead {
                 reason: DeadReason::PermanentError,
@@ -422,8 +474,13 @@ impl RetryPolicy {
                 self.jittered_ms(base, ctx.prev_delay_ms, rng)
             }
         };
+        let delay_ms = if rate_limited {
+            delay_ms.max(self.rate_limited_floor_ms(ctx.counted_attempts))
+        } else {
+            delay_ms
+        };
         let due_at = ctx.now.plus_ms(delay_ms);
-        let deadline = ctx.created_at.plus_ms(self.max_age_ms);
+        let deadline = ctx.window_start.plus_ms(self.max_age_ms);
         if due_at > deadline {
             return Decision::Dead {
                 reason: DeadReason::MaxAge,
@@ -434,6 +491,25 @@ impl RetryPolicy {
             due_at,
             counted,
         }
+    }
+
+    /// The shortest wait after a `rate_limited` failure when `counted_attempts` attempts
+    /// are counted (≥ 1): the backoff's delay for that attempt before jitter, capped at
+    /// `max_delay` (for `decorrelated` and `sidekiq`, the shortest they can draw).
+    /// See the module docs, "Rate limits".
+    pub fn rate_limited_floor_ms(&self, counted_attempts: u32) -> u64 {
+        let n = counted_attempts.max(1);
+        let base = match self.backoff {
+            Backoff::Decorrelated => self.initial_delay_ms,
+            Backoff::Sidekiq => {
+                let c = (n - 1) as u64;
+                c.saturating_pow(4)
+                    .saturating_add(15)
+                    .saturating_mul(SECOND)
+            }
+            _ => self.base_delay_ms(n, None, &mut SplitMix64::new(0)),
+        };
+        base.min(self.max_delay_ms)
     }
 
     /// The schedule as a table: for each retry, the range of its wait and of the
@@ -514,9 +590,10 @@ mod tests {
         let t = Timestamp::from_millis(1_000_000);
         FailureContext {
             counted_attempts: n,
-            created_at: t,
+            window_start: t,
             now: t,
             prev_delay_ms: None,
+            uncharged_rate_limited: 0,
         }
     }
 
@@ -692,6 +769,60 @@ mod tests {
             p.decide(&ctx(p.max_attempts), &f, &mut SplitMix64::new(0)),
             Decision::Retry { .. }
         ));
+    }
+
+    /// Issue 5's scenario: a fixed 1 s policy, a consumer nacking `rate_limited` with
+    /// `retry_after: "0s"` over and over. Each retry waits the policy's 1 s (not 0), the
+    /// first `max_rate_limited` are not charged, the next ones are, until `max_attempts`.
+    #[test]
+    fn rate_limited_retry_after_zero_waits_the_policy_delay_and_is_charged_after_max_rate_limited()
+    {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            backoff: Backoff::Fixed,
+            initial_delay_ms: SECOND,
+            jitter: Jitter::Full,
+            max_rate_limited: 4,
+            ..RetryPolicy::default()
+        };
+        let mut f = Failure::new(ErrorClass::RateLimited, "429");
+        f.retry_after_ms = Some(0);
+        let mut rng = SplitMix64::new(9);
+        let start = Timestamp::from_millis(1_000_000);
+        let (mut now, mut attempts, mut uncharged) = (start, 0u32, 0u32);
+        let mut charged = 0;
+        loop {
+            attempts += 1;
+            let ctx = FailureContext {
+                counted_attempts: (attempts - uncharged).max(1),
+                window_start: start,
+                now,
+                prev_delay_ms: None,
+                uncharged_rate_limited: uncharged,
+            };
+            match p.decide(&ctx, &f, &mut rng) {
+                Decision::Retry {
+                    delay_ms,
+                    due_at,
+                    counted,
+                } => {
+                    assert!(delay_ms >= SECOND, "attempt {attempts}: {delay_ms} ms");
+                    assert!(due_at >= now.plus_ms(SECOND));
+                    assert_eq!(counted, attempts > 4, "attempt {attempts}");
+                    if counted {
+                        charged += 1;
+                    } else {
+                        uncharged += 1;
+                    }
+                    now = due_at;
+                }
+                Decision::Dead { reason } => {
+                    assert_eq!(reason, DeadReason::MaxAttempts);
+                    break;
+                }
+            }
+        }
+        assert_eq!((uncharged, charged, attempts), (4, 2, 7));
     }
 
     #[test]

@@ -6,13 +6,16 @@
 //!
 //! 1. a retry delay never exceeds `max_delay`, except a `rate_limited`
 //!    failure's `retry_after`, which is bounded by `max_retry_after` instead;
-//! 2. a retry is due exactly `delay` from now and never past `created_at + max_age`;
+//! 2. a retry is due exactly `delay` from now and never past `window_start + max_age`;
 //! 3. the same inputs and seed give the same decision, and the same schedule;
 //! 4. every drawn delay lies in the range `explain()` prints for its attempt;
 //! 5. `permanent` is dead at once, counted failures stop at `max_attempts`,
 //!    uncounted rate limits never do;
 //! 6. a config resolves to its preset (or the defaults) under its explicit keys,
-//!    and a bad key is named.
+//!    and a bad key is named;
+//! 7. a `rate_limited` failure never waits less than the policy's floor for the
+//!    attempt (its un-jittered delay), whatever its `retry_after` (issue 5);
+//! 8. after `max_rate_limited` uncharged rate-limited attempts, they are charged.
 
 use proptest::collection::vec;
 use proptest::option;
@@ -82,6 +85,7 @@ prop_compose! {
         schedule_ms in vec(duration_ms(DAY), 1..=20),
         max_retry_after_ms in duration_ms(2 * DAY),
         rate_limited_counts in any::<bool>(),
+        max_rate_limited in prop_oneof![0u32..=30, Just(u32::MAX)],
     ) -> RetryPolicy {
         RetryPolicy {
             max_attempts,
@@ -94,6 +98,7 @@ prop_compose! {
             schedule_ms,
             max_retry_after_ms,
             rate_limited_counts,
+            max_rate_limited,
         }
     }
 }
@@ -106,9 +111,16 @@ prop_compose! {
         created_at in 0i64..=4_000_000_000_000,
         age in duration_ms(90 * DAY),
         prev_delay_ms in option::of(duration_ms(2 * DAY)),
+        uncharged_rate_limited in prop_oneof![4 => 0u32..=40, 1 => any::<u32>()],
     ) -> FailureContext {
         let created_at = Timestamp::from_millis(created_at);
-        FailureContext { counted_attempts, created_at, now: created_at.plus_ms(age), prev_delay_ms }
+        FailureContext {
+            counted_attempts,
+            window_start: created_at,
+            now: created_at.plus_ms(age),
+            prev_delay_ms,
+            uncharged_rate_limited,
+        }
     }
 }
 
@@ -141,8 +153,18 @@ fn transient() -> Failure {
     Failure::new(ErrorClass::Transient, "HTTP 503")
 }
 
-fn counts(policy: &RetryPolicy, failure: &Failure) -> bool {
-    failure.class != ErrorClass::RateLimited || policy.rate_limited_counts
+fn counts(policy: &RetryPolicy, failure: &Failure, ctx: &FailureContext) -> bool {
+    failure.class != ErrorClass::RateLimited
+        || policy.rate_limited_counts
+        || ctx.uncharged_rate_limited >= policy.max_rate_limited
+}
+
+/// The delay a rate-limited failure asks for: its `retry_after` within the policy's
+/// bound, raised to the policy's floor for the attempt.
+fn rate_limited_delay(policy: &RetryPolicy, after: u64, counted_attempts: u32) -> u64 {
+    after
+        .min(policy.max_retry_after_ms)
+        .max(policy.rate_limited_floor_ms(counted_attempts))
 }
 
 /// Transient failures one after another from the first attempt, each retry's
@@ -156,9 +178,10 @@ fn simulate(policy: &RetryPolicy, created_at: Timestamp, seed: u64) -> Vec<Decis
     for n in 1..=policy.max_attempts {
         let ctx = FailureContext {
             counted_attempts: n,
-            created_at,
+            window_start: created_at,
             now,
             prev_delay_ms,
+            uncharged_rate_limited: 0,
         };
         let d = policy.decide(&ctx, &transient(), &mut rng);
         out.push(d);
@@ -191,8 +214,8 @@ proptest! {
         if let Decision::Retry { delay_ms, due_at, counted } = decision {
             match (failure.class, failure.retry_after_ms) {
                 (ErrorClass::RateLimited, Some(after)) => {
-                    prop_assert_eq!(delay_ms, after.min(policy.max_retry_after_ms));
-                    prop_assert!(delay_ms <= policy.max_retry_after_ms);
+                    prop_assert_eq!(delay_ms, rate_limited_delay(&policy, after, ctx.counted_attempts));
+                    prop_assert!(delay_ms <= policy.max_retry_after_ms.max(policy.max_delay_ms));
                 }
                 _ => prop_assert!(
                     delay_ms <= policy.max_delay_ms,
@@ -200,8 +223,8 @@ proptest! {
                 ),
             }
             prop_assert_eq!(due_at, ctx.now.plus_ms(delay_ms));
-            prop_assert!(due_at <= ctx.created_at.plus_ms(policy.max_age_ms));
-            prop_assert_eq!(counted, counts(&policy, &failure));
+            prop_assert!(due_at <= ctx.window_start.plus_ms(policy.max_age_ms));
+            prop_assert_eq!(counted, counts(&policy, &failure, &ctx));
         }
     }
 
@@ -216,10 +239,12 @@ proptest! {
     ) {
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         let longest = match (failure.class, failure.retry_after_ms) {
-            (ErrorClass::RateLimited, Some(after)) => after.min(policy.max_retry_after_ms),
+            (ErrorClass::RateLimited, Some(after)) => {
+                rate_limited_delay(&policy, after, ctx.counted_attempts)
+            }
             _ => policy.max_delay_ms,
         };
-        if ctx.now.plus_ms(longest) <= ctx.created_at.plus_ms(policy.max_age_ms) {
+        if ctx.now.plus_ms(longest) <= ctx.window_start.plus_ms(policy.max_age_ms) {
             prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::MaxAge });
         }
     }
@@ -245,7 +270,7 @@ proptest! {
         let (failure, delay_ms) = match retry_after_ms {
             Some(after) => (
                 Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") },
-                after.min(policy.max_retry_after_ms),
+                rate_limited_delay(&policy, after, 1),
             ),
             None => (transient(), policy.initial_delay_ms.min(policy.max_delay_ms)),
         };
@@ -253,7 +278,13 @@ proptest! {
         let created_at = Timestamp::from_millis(created_at);
         let deadline = created_at.plus_ms(policy.max_age_ms);
         let now = Timestamp::from_millis(deadline.as_millis() - delay_ms as i64 + slack);
-        let ctx = FailureContext { counted_attempts: 1, created_at, now, prev_delay_ms: None };
+        let ctx = FailureContext {
+            counted_attempts: 1,
+            window_start: created_at,
+            now,
+            prev_delay_ms: None,
+            uncharged_rate_limited: 0,
+        };
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         if slack <= 0 {
             prop_assert_eq!(
@@ -261,7 +292,7 @@ proptest! {
                 Decision::Retry {
                     delay_ms,
                     due_at: Timestamp::from_millis(deadline.as_millis() + slack),
-                    counted: counts(&policy, &failure),
+                    counted: counts(&policy, &failure, &ctx),
                 }
             );
         } else {
@@ -327,7 +358,7 @@ proptest! {
     ) {
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         let max_attempts = Decision::Dead { reason: DeadReason::MaxAttempts };
-        if counts(&policy, &failure) && ctx.counted_attempts >= policy.max_attempts {
+        if counts(&policy, &failure, &ctx) && ctx.counted_attempts >= policy.max_attempts {
             prop_assert_eq!(decision, max_attempts);
         } else {
             prop_assert_ne!(decision, max_attempts);
@@ -344,7 +375,16 @@ proptest! {
         retry_after_ms in option::of(duration_ms(2 * DAY)),
         seed in any::<u64>(),
     ) {
-        let policy = RetryPolicy { rate_limited_counts: false, ..policy };
+        // Below its budget of uncharged rate limits.
+        let policy = RetryPolicy {
+            rate_limited_counts: false,
+            max_rate_limited: policy.max_rate_limited.max(1),
+            ..policy
+        };
+        let ctx = FailureContext {
+            uncharged_rate_limited: ctx.uncharged_rate_limited.min(policy.max_rate_limited - 1),
+            ..ctx
+        };
         let failure = Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") };
         let decision = policy.decide(&ctx, &failure, &mut SplitMix64::new(seed));
         prop_assert_ne!(decision, Decision::Dead { reason: DeadReason::MaxAttempts });
@@ -367,11 +407,74 @@ proptest! {
     ) {
         let policy = RetryPolicy { max_attempts, max_age_ms: u64::MAX, ..policy };
         let now = Timestamp::from_millis(1_700_000_000_000);
-        let ctx = FailureContext { counted_attempts, created_at: now, now, prev_delay_ms };
+        let ctx = FailureContext {
+            counted_attempts,
+            window_start: now,
+            now,
+            prev_delay_ms,
+            uncharged_rate_limited: 0,
+        };
         let failure = Failure::new(class, "boom");
         match policy.decide(&ctx, &failure, &mut SplitMix64::new(seed)) {
             Decision::Retry { delay_ms, .. } => prop_assert!(delay_ms <= policy.max_delay_ms),
             Decision::Dead { reason } => prop_assert_eq!(reason, DeadReason::MaxAttempts),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- rate limits
+
+proptest! {
+    /// Property 7 (issue 5, the `retry_after: "0s"` hot loop): for every policy, a
+    /// rate-limited retry waits at least the policy's floor for the attempt, and that
+    /// floor is the policy's own delay before jitter: for the deterministic backoffs
+    /// without jitter, exactly what a transient failure would wait.
+    #[test]
+    fn rate_limited_delay_never_below_the_policy_floor(
+        policy in policy(),
+        ctx in context(),
+        retry_after_ms in option::of(prop_oneof![Just(0u64), duration_ms(2 * DAY), any::<u64>()]),
+        seed in any::<u64>(),
+    ) {
+        let failure = Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") };
+        let floor = policy.rate_limited_floor_ms(ctx.counted_attempts);
+        prop_assert!(floor <= policy.max_delay_ms);
+        if let Decision::Retry { delay_ms, due_at, .. } =
+            policy.decide(&ctx, &failure, &mut SplitMix64::new(seed))
+        {
+            prop_assert!(delay_ms >= floor, "delay {} < floor {}", delay_ms, floor);
+            prop_assert!(due_at >= ctx.now.plus_ms(floor));
+        }
+        if policy.jitter == Jitter::None
+            && !matches!(policy.backoff, Backoff::Decorrelated | Backoff::Sidekiq)
+        {
+            let open = RetryPolicy { max_age_ms: u64::MAX, max_attempts: u32::MAX, ..policy.clone() };
+            match open.decide(&ctx, &transient(), &mut SplitMix64::new(seed)) {
+                Decision::Retry { delay_ms, .. } => prop_assert_eq!(delay_ms, floor),
+                d => prop_assert!(false, "{:?}", d),
+            }
+        }
+    }
+
+    /// Property 8: rate-limited attempts are uncharged while fewer than
+    /// `max_rate_limited` went uncharged before, and charged from then on (unless the
+    /// policy charges them all anyway).
+    #[test]
+    fn rate_limited_is_charged_after_max_rate_limited(
+        policy in policy(),
+        ctx in context(),
+        retry_after_ms in option::of(duration_ms(2 * DAY)),
+        seed in any::<u64>(),
+    ) {
+        let failure = Failure { retry_after_ms, ..Failure::new(ErrorClass::RateLimited, "429") };
+        let charged = policy.rate_limited_counts
+            || ctx.uncharged_rate_limited >= policy.max_rate_limited;
+        match policy.decide(&ctx, &failure, &mut SplitMix64::new(seed)) {
+            Decision::Retry { counted, .. } => prop_assert_eq!(counted, charged),
+            Decision::Dead { reason: DeadReason::MaxAttempts } => {
+                prop_assert!(charged && ctx.counted_attempts >= policy.max_attempts);
+            }
+            Decision::Dead { reason } => prop_assert_eq!(reason, DeadReason::MaxAge),
         }
     }
 }
@@ -403,7 +506,13 @@ proptest! {
             prop_assert_eq!((row.cumulative_min_ms, row.cumulative_max_ms), (cum_min, cum_max));
             prop_assert!(!row.may_exceed_max_age);
 
-            let ctx = FailureContext { counted_attempts: n, created_at, now, prev_delay_ms };
+            let ctx = FailureContext {
+                counted_attempts: n,
+                window_start: created_at,
+                now,
+                prev_delay_ms,
+                uncharged_rate_limited: 0,
+            };
             match policy.decide(&ctx, &transient(), &mut rng) {
                 Decision::Retry { delay_ms, due_at, .. } => {
                     prop_assert!(
@@ -423,7 +532,11 @@ proptest! {
             }
         }
         let ctx = FailureContext {
-            counted_attempts: policy.max_attempts, created_at, now, prev_delay_ms,
+            counted_attempts: policy.max_attempts,
+            window_start: created_at,
+            now,
+            prev_delay_ms,
+            uncharged_rate_limited: 0,
         };
         prop_assert_eq!(
             policy.decide(&ctx, &transient(), &mut rng),
@@ -458,6 +571,7 @@ prop_compose! {
         schedule in option::of(vec((0..=DAY).prop_map(DurationMs), 1..=20)),
         max_retry_after in opt_ms(0, DAY),
         rate_limited_counts in option::of(any::<bool>()),
+        max_rate_limited in option::of(0u32..=100),
     ) -> RetryPolicyConfig {
         RetryPolicyConfig {
             max_attempts,
@@ -471,6 +585,7 @@ prop_compose! {
             preset: preset.map(str::to_owned),
             max_retry_after,
             rate_limited_counts,
+            max_rate_limited,
         }
     }
 }
@@ -505,6 +620,7 @@ proptest! {
             schedule_ms,
             max_retry_after_ms: cfg.max_retry_after.map_or(base.max_retry_after_ms, |d| d.ms()),
             rate_limited_counts: cfg.rate_limited_counts.unwrap_or(base.rate_limited_counts),
+            max_rate_limited: cfg.max_rate_limited.unwrap_or(base.max_rate_limited),
         };
         match cfg.resolve() {
             Ok(p) => {
@@ -541,6 +657,7 @@ proptest! {
             m.rate_limited_counts,
             upper.rate_limited_counts.or(base.rate_limited_counts)
         );
+        prop_assert_eq!(m.max_rate_limited, upper.max_rate_limited.or(base.max_rate_limited));
         // Layering over nothing, or nothing over, changes nothing.
         prop_assert_eq!(&upper.over(&RetryPolicyConfig::default()), &upper);
         prop_assert_eq!(&RetryPolicyConfig::default().over(&upper), &upper);
@@ -640,9 +757,10 @@ fn sidekiq_survives_huge_attempt_numbers() {
     for n in [65_535, 65_536, 100_000, u32::MAX - 1] {
         let ctx = FailureContext {
             counted_attempts: n,
-            created_at: now,
+            window_start: now,
             now,
             prev_delay_ms: None,
+            uncharged_rate_limited: 0,
         };
         match p.decide(&ctx, &transient(), &mut SplitMix64::new(1)) {
             Decision::Retry { delay_ms, .. } => assert_eq!(delay_ms, p.max_delay_ms, "{n}"),

@@ -1,9 +1,17 @@
 //! What can go wrong in a store, and what the caller should do about it.
+//!
+//! The contract names no backend: there is no conversion from a database driver's error
+//! here. Each backend turns its own errors into [`StoreError::Backend`] privately (the
+//! SQLite backend with `sqlite::sql_error::SqlResultExt`).
 
 use redrive_core::State;
 
 /// A failed store operation. Each variant says what the caller should do.
+///
+/// Non-exhaustive: a backend may learn new failure kinds; a caller that does not know
+/// one treats it like [`StoreError::Backend`] (a 500 without details).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// No message has that id. Tell the client 404.
     #[error("no message with id {0}")]
@@ -35,6 +43,10 @@ pub enum StoreError {
         /// The key.
         key: String,
     },
+    /// A search cursor that no page of this store handed out (cursors are opaque: only a
+    /// `next_cursor` may be passed back). Nothing was read. Tell the client 400.
+    #[error("cursor {0:?} is not a next_cursor of this store")]
+    InvalidCursor(String),
     /// A previous write failed to reach the disk; the store refuses all writes until it is
     /// reopened (restart the process, check the disk). Tell the client 503.
     #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]
@@ -45,12 +57,6 @@ pub enum StoreError {
     /// An unexpected backend error. Logged; tell the client 500 without the details.
     #[error("storage backend error: {0}")]
     Backend(String),
-}
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError::Backend(e.to_string())
-    }
 }
 
 impl From<serde_json::Error> for StoreError {

@@ -66,6 +66,9 @@ pub struct Nack {
 pub struct Acked {
     /// The message, now `done`.
     pub message: Message,
+    /// True when this ack repeated an earlier one (a retried request with the same
+    /// token): nothing changed, and it must not be counted again (metrics, wake-ups).
+    pub repeated: bool,
 }
 
 /// What a failed attempt led to (nack, expired lease, publish with `failed`).
@@ -162,7 +165,8 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<Timestamp, StoreError>;
 
-    /// Make a dead or scheduled message ready now, with a fresh attempt budget.
+    /// Make a dead or scheduled message ready now, with a fresh attempt budget and a
+    /// fresh `max_age` window counted from now (SPEC §2); its history is kept.
     async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError>;
 
     /// Make a scheduled, ready or leased message dead with reason `killed`.

@@ -4,7 +4,7 @@
 //! passing with a scheduler tick, redrive, kill, delete, and acks/nacks with stale or
 //! bogus tokens) run against the store and against a small in-test model of SPEC §2–4
 //! with the conformance suite's deterministic policy (fixed 1 s, no jitter, rate limits
-//! not counted) and 2 attempts. After every step the store and the model must
+//! not counted up to `MAX_RATE_LIMITED` and never retried sooner than 1 s) and 2 attempts. After every step the store and the model must
 //! agree on every message (state, attempts, due time, lease expiry, dead reason) and on
 //! the per-state counts, every answer (including refusals) must be the expected one, and
 //! no transition may be illegal: done changes only by delete, dead only by redrive or
@@ -15,7 +15,9 @@ use proptest::sample::Index;
 use proptest::test_runner::FileFailurePersistence;
 use redrive_core::{DeadReason, ErrorClass, Failure, MessageId, NewMessage, State, Timestamp};
 use redrive_core::{OnDead, Ordering, QueueCatalog, QueueSettings};
-use redrive_storage::conformance::{at, policy, MAX_RETRY_AFTER_MS, Q, RETRY_DELAY_MS};
+use redrive_storage::conformance::{
+    at, policy, MAX_RATE_LIMITED, MAX_RETRY_AFTER_MS, Q, RETRY_DELAY_MS,
+};
 use redrive_storage::{
     Durability, LeaseRef, LeaseRequest, Nack, SqliteOptions, SqliteStore, Store, StoreError,
 };
@@ -168,14 +170,18 @@ impl Model {
             m.dead_reason = Some(DeadReason::PermanentError);
             return;
         }
-        let counted = class != ErrorClass::RateLimited;
+        // Rate limits are uncharged until MAX_RATE_LIMITED of them were (issue 5).
+        let counted = class != ErrorClass::RateLimited || m.uncounted >= MAX_RATE_LIMITED;
         if counted && counted_attempts >= MAX_ATTEMPTS {
             m.state = State::Dead;
             m.dead_reason = Some(DeadReason::MaxAttempts);
             return;
         }
         let delay = match (class, retry_after_ms) {
-            (ErrorClass::RateLimited, Some(after)) => after.min(MAX_RETRY_AFTER_MS),
+            // Never sooner than the policy's (fixed) delay (issue 5).
+            (ErrorClass::RateLimited, Some(after)) => {
+                after.clamp(RETRY_DELAY_MS, MAX_RETRY_AFTER_MS)
+            }
             _ => RETRY_DELAY_MS,
         };
         m.due = now + delay as i64;

@@ -84,7 +84,10 @@ impl From<StoreError> for ApiError {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_poisoned", msg)
             }
             StoreError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", msg),
-            StoreError::Backend(detail) => {
+            StoreError::InvalidCursor(_) => Self::bad_request("invalid_cursor", msg),
+            // `StoreError` is non-exhaustive: a kind this build does not know is a 500.
+            other => {
+                let detail = other.to_string();
                 tracing::error!(%detail, "storage backend error");
                 Self::new(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -237,7 +237,8 @@ impl Engine {
         items: Vec<LeaseRef>,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
         let out = self.store.ack(items, self.clock.now()).await?;
-        for a in out.iter().flatten() {
+        // A repeated ack (a retried request) changed nothing: count and wake only once.
+        for a in out.iter().flatten().filter(|a| !a.repeated) {
             self.metrics.acked(&a.message.queue, a.message.attempts);
             if a.message.key.is_some() && self.key_ordered(&a.message.queue) {
                 self.waiters.wake(&a.message.queue, 1);

@@ -537,3 +537,20 @@ async fn non_utf8_path_segments_are_400_json() {
     unchanged(&s, &before, "non-UTF-8 paths").await;
     s.stop().await;
 }
+
+/// A search cursor is opaque: anything that is not a `next_cursor` is a 400
+/// `invalid_cursor` naming it (the store's `InvalidCursor`), never a 500 or a silent
+/// empty page (`-1` and `0` used to answer 200 with an empty page).
+#[tokio::test]
+async fn bad_search_cursor_is_400_invalid_cursor() {
+    let (s, _l) = fixture().await;
+    let before = s.snapshot().await;
+    for c in ["garbage", "-1", "0", "%2B5"] {
+        let got = s.get(&format!("/v1/messages?cursor={c}")).await;
+        check(got, 400, "invalid_cursor", "cursor");
+    }
+    let got = s.get("/v1/messages/export?cursor=garbage").await;
+    check(got, 400, "invalid_cursor", "cursor");
+    unchanged(&s, &before, "a bad cursor").await;
+    s.stop().await;
+}

@@ -617,3 +617,35 @@ async fn batch_ack_nack_size_limits() {
     assert_eq!(s.snapshot().await, before, "nothing changed");
     s.stop().await;
 }
+
+/// Defect 13 of issue 5: a retried ack (same token, already done) answers 200 again but
+/// used to be counted again in `redrive_deliveries_total` and
+/// `redrive_messages_finished_total`. Each counter moves by exactly one, whether the
+/// repeat comes alone or in a batch.
+#[tokio::test]
+async fn retried_ack_is_counted_once_in_metrics() {
+    let s = TestServer::fast(QUEUES).await;
+    let id = s.publish_payload("twice", json!("x")).await;
+    let l = s.lease_one("twice", "0s").await;
+    let token = lease_of(&l);
+    for _ in 0..2 {
+        let (st, a) = s.ack(&id, &token).await;
+        assert_eq!(st, 200, "{a}");
+    }
+    let (st, r) = s
+        .post(
+            "/v1/messages/ack",
+            json!({"items": [{"id": id, "lease": token}]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["items"][0]["status"], 200, "{r}");
+    let (_, metrics) = s.get_text("/metrics").await;
+    for line in [
+        "redrive_deliveries_total{queue=\"twice\",outcome=\"acked\"} 1\n",
+        "redrive_messages_finished_total{queue=\"twice\",result=\"first_try\"} 1\n",
+    ] {
+        assert!(metrics.contains(line), "want {line:?} in:\n{metrics}");
+    }
+    s.stop().await;
+}

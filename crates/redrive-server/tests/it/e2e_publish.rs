@@ -411,3 +411,48 @@ async fn permanent_failure_at_publish_is_dead() {
     );
     s.stop().await;
 }
+
+/// Defect 2 of issue 5: with `done_retention` (1 s) shorter than `idempotency_window`
+/// (24 h), publish → lease → ack → purge → the same publish used to answer 201 with a
+/// new id (the payment processed twice). It answers 200 with the original id and state
+/// `done`, and nothing new is delivered. The engine's clock is moved past the retention
+/// and the purge driven directly (no waiting).
+#[tokio::test]
+async fn idempotent_replay_after_purge_returns_original() {
+    let clock = std::sync::Arc::new(redrive_server::engine::ManualClock::new(
+        redrive_core::Timestamp::now(),
+    ));
+    let s = TestServer::start_with_clock("done_retention = \"1s\"\n", clock.clone()).await;
+    let publish = json!({"payload": {"pay": 10}, "idempotency_key": "pay-1"});
+    let (st, first) = s.post("/v1/queues/pay/messages", publish.clone()).await;
+    assert_eq!(st, 201, "{first}");
+    let id = id_of(&first);
+    let l = s.lease("pay", json!({"max": 1})).await.remove(0);
+    assert_eq!(id_of(&l), id);
+    let (st, acked) = s.ack(&id, &lease_of(&l)).await;
+    assert_eq!(st, 200, "{acked}");
+    // done_retention is 1 s: two seconds later a purge deletes the done message.
+    clock.advance(2_000);
+    s.engine.purge(s.engine.clock().now()).await.unwrap();
+    assert_eq!(
+        s.get(&format!("/v1/messages/{id}")).await.0,
+        404,
+        "the done message was not purged"
+    );
+    let (st, replay) = s.post("/v1/queues/pay/messages", publish).await;
+    assert_eq!(st, 200, "a replay after the purge is not a 200: {replay}");
+    assert_eq!(
+        id_of(&replay),
+        id,
+        "a replay after the purge made a new message"
+    );
+    assert_eq!(replay["state"], "done", "{replay}");
+    assert_eq!(replay["payload"], json!({"pay": 10}), "{replay}");
+    assert_eq!(replay["created_at"], first["created_at"], "{replay}");
+    assert_eq!(
+        s.lease("pay", json!({"max": 10, "wait": "0s"})).await,
+        Vec::<serde_json::Value>::new(),
+        "a replay delivered something"
+    );
+    s.stop().await;
+}

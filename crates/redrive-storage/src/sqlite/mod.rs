@@ -11,9 +11,11 @@
 
 mod checkpoint;
 mod group_commit;
+mod idempotency;
 mod reads;
 mod row;
 mod schema;
+mod sql_error;
 mod transitions;
 
 use crate::store::CommitStats;
@@ -24,6 +26,7 @@ use crate::{
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
 use rusqlite::{Connection, OpenFlags};
+use sql_error::SqlResultExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -31,6 +34,7 @@ use transitions::{Counts, WriterState};
 
 /// When a write counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Durability {
     /// Every commit fsyncs the WAL before any of its writers is answered
     /// (`PRAGMA synchronous = FULL`). A 2xx survives a crash of the process, the OS
@@ -137,8 +141,8 @@ fn open_connection(
     } else {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
-    let conn = Connection::open_with_flags(path, flags)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    let conn = Connection::open_with_flags(path, flags).db()?;
+    conn.busy_timeout(std::time::Duration::from_secs(5)).db()?;
     let sync = match opts.durability {
         Durability::Fsync => "FULL",
         Durability::UnsafeBuffered => "NORMAL",
@@ -148,7 +152,8 @@ fn open_connection(
          PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = {};",
         opts.cache_mib as u64 * 1024,
         wal_restart_bytes(opts)
-    ))?;
+    ))
+    .db()?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -169,7 +174,7 @@ impl SqliteStore {
         let path = opts.data_dir.join("redrive.db");
         let conn = open_connection(&path, &opts, true)?;
         // Checkpoints run on their own thread (see `checkpoint`), not inside commits.
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0").db()?;
         schema::migrate(&conn)?;
         let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
         let next_wake = reads::next_wake(&conn)?;

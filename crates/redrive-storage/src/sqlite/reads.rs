@@ -2,6 +2,7 @@
 
 use super::row::Row;
 use super::schema::{columns, COLUMNS};
+use super::sql_error::SqlResultExt;
 use super::transitions::Counts;
 use super::SqliteOptions;
 use crate::{MessageFilter, Page, QueueStats, StoreError};
@@ -53,20 +54,22 @@ impl ReaderPool {
 /// Count messages per queue and state (at open; afterwards the writer keeps counts).
 pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     let mut counts = Counts::new();
-    let mut stmt =
-        conn.prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, u8>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
+    let mut stmt = conn
+        .prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")
+        .db()?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, u8>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .db()?;
     for row in rows {
-        let (q, s, n) = row?;
-        if let Some(st) = State::from_code(s) {
-            counts.entry(q).or_insert([0; 5])[st.code() as usize] = n;
-        }
+        let (q, s, n) = row.db()?;
+        let st = State::from_code(s).ok_or_else(|| super::row::unknown_state(s))?;
+        counts.entry(q).or_insert([0; 5])[st.code() as usize] = n;
     }
     Ok(counts)
 }
@@ -78,8 +81,10 @@ pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
         .prepare_cached(
             "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
              UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
-        )?
-        .query_row([], |r| r.get(0))?;
+        )
+        .db()?
+        .query_row([], |r| r.get(0))
+        .db()?;
     Ok(v.map(Timestamp::from_millis))
 }
 
@@ -90,9 +95,13 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
         ", history FROM messages WHERE id = ?1"
     );
     let found: Option<(Row, String)> = conn
-        .prepare_cached(sql)?
-        .query_row([id.to_string()], |r| Ok((Row::from_sql(r)?, r.get(22)?)))
-        .optional()?;
+        .prepare_cached(sql)
+        .db()?
+        .query_row([id.to_string()], |r| {
+            Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+        })
+        .optional()
+        .db()?;
     match found {
         Some((row, history)) => Ok(Some(row.to_message(Some(&history))?)),
         None => Ok(None),
@@ -156,9 +165,7 @@ pub fn search(
         args.push(Value::Integer(u.as_millis()));
     }
     if let Some(c) = cursor {
-        let seq: i64 = c
-            .parse()
-            .map_err(|_| StoreError::Backend(format!("bad cursor {c:?}")))?;
+        let seq = parse_cursor(c)?;
         clauses.push("seq < ?");
         args.push(Value::Integer(seq));
     }
@@ -171,12 +178,15 @@ pub fn search(
     args.push(Value::Integer(limit as i64 + 1));
     let sql = format!("SELECT {COLUMNS} FROM messages {where_} ORDER BY seq DESC LIMIT ?");
     let mut rows: Vec<Row> = conn
-        .prepare_cached(&sql)?
-        .query_map(params_from_iter(args), Row::from_sql)?
-        .collect::<Result<_, _>>()?;
+        .prepare_cached(&sql)
+        .db()?
+        .query_map(params_from_iter(args), Row::from_sql)
+        .db()?
+        .collect::<Result<_, _>>()
+        .db()?;
     let next_cursor = if rows.len() > limit as usize {
         rows.truncate(limit as usize);
-        rows.last().map(|r| r.seq.to_string())
+        rows.last().map(|r| cursor_of(r.seq))
     } else {
         None
     };
@@ -190,20 +200,43 @@ pub fn search(
     })
 }
 
+/// The cursor of the page after the row `seq`. Opaque to callers; today the decimal `seq`
+/// of the last row handed out (rows of the next page have smaller ones).
+fn cursor_of(seq: i64) -> String {
+    seq.to_string()
+}
+
+/// The `seq` of a cursor made by [`cursor_of`]: decimal digits only, a positive `i64`.
+/// Anything else (a sign, spaces, overflow, text) was not handed out by this store.
+fn parse_cursor(c: &str) -> Result<i64, StoreError> {
+    let invalid = || StoreError::InvalidCursor(c.to_owned());
+    if c.is_empty() || !c.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
+    match c.parse::<i64>() {
+        Ok(seq) if seq > 0 => Ok(seq),
+        _ => Err(invalid()),
+    }
+}
+
 pub fn queue_stats(
     conn: &Connection,
     counts: Vec<(String, [i64; 5])>,
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
-    let mut stmt = conn.prepare_cached(
-        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",
-    )?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",
+        )
+        .db()?;
     for (queue, c) in counts {
         let mut oldest: Option<i64> = None;
         if c[State::Ready.code() as usize] > 0 {
             // One index seek per priority level on ix_ready, instead of a scan.
             for p in 0..=9u8 {
-                let v: Option<i64> = stmt.query_row(rusqlite::params![queue, p], |r| r.get(0))?;
+                let v: Option<i64> = stmt
+                    .query_row(rusqlite::params![queue, p], |r| r.get(0))
+                    .db()?;
                 if let Some(v) = v {
                     oldest = Some(oldest.map_or(v, |o| o.min(v)));
                 }

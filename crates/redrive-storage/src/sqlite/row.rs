@@ -28,17 +28,37 @@ pub struct Row {
     pub finished_at: Option<i64>,
     pub dead_reason: Option<String>,
     pub last_error: Option<String>,
+    /// Start of the `max_age` window, ms: set by a redrive; `None` means `created_at`.
+    pub window_start: Option<i64>,
+}
+
+/// A `state` column holding a code no [`State`] has: a newer redrive wrote it, or the
+/// file is damaged. Reading it is an error, never a guess (it used to read as `dead`).
+#[derive(Debug, thiserror::Error)]
+#[error("state code {0} in the database is not a known state (scheduled 0, ready 1, leased 2, done 3, dead 4)")]
+pub struct UnknownState(pub u8);
+
+/// [`UnknownState`] as the store's error.
+pub fn unknown_state(code: u8) -> StoreError {
+    StoreError::Backend(UnknownState(code).to_string())
 }
 
 impl Row {
     /// Read a row selected with [`super::schema::COLUMNS`] (starting at column `0`).
     pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        let state: u8 = r.get(3)?;
+        let code: u8 = r.get(3)?;
+        let state = State::from_code(code).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                3,
+                rusqlite::types::Type::Integer,
+                Box::new(UnknownState(code)),
+            )
+        })?;
         Ok(Row {
             seq: r.get(0)?,
             id: r.get(1)?,
             queue: r.get(2)?,
-            state: State::from_code(state).unwrap_or(State::Dead),
+            state,
             priority: r.get(4)?,
             due_at: r.get(5)?,
             key: r.get(6)?,
@@ -57,6 +77,7 @@ impl Row {
             finished_at: r.get(19)?,
             dead_reason: r.get(20)?,
             last_error: r.get(21)?,
+            window_start: r.get(22)?,
         })
     }
 
@@ -65,6 +86,11 @@ impl Row {
         self.attempts
             .saturating_sub(self.budget_base)
             .saturating_sub(self.uncounted)
+    }
+
+    /// Start of the `max_age` window: the last redrive, or the publish.
+    pub fn window_start(&self) -> i64 {
+        self.window_start.unwrap_or(self.created_at)
     }
 
     /// The message this row stores; `history` is the raw JSON array, if wanted.

@@ -21,10 +21,26 @@
 //! rows are touched in random order (measured: 313 KB of WAL per commit with
 //! 4 KiB pages on the delayed-delivery benchmark).
 
+use super::sql_error::SqlResultExt;
 use rusqlite::Connection;
 
-/// Bumped when the schema changes; a store refuses to open a newer one.
-pub const SCHEMA_VERSION: i64 = 1;
+/// Bumped when the schema changes; a store refuses to open a newer one, and upgrades
+/// an older one with [`MIGRATIONS`].
+///
+/// - 1: the first release.
+/// - 2: `idempotency.tombstone` (what a key remembers of its purged message, so a replay
+///   after the purge answers the original) and `messages.window_start` (the start of the
+///   `max_age` window, moved by a redrive; `NULL` means `created_at`).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The steps from each older version to the next: `(from, SQL)`. Each step only adds
+/// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
+/// (SQLite's `ADD COLUMN` rewrites nothing) and the rows it finds keep their meaning.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    "ALTER TABLE idempotency ADD COLUMN tombstone TEXT; \
+     ALTER TABLE messages ADD COLUMN window_start INTEGER;",
+)];
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID;
@@ -52,7 +68,8 @@ CREATE TABLE IF NOT EXISTS messages (
   dead_reason       TEXT,
   error_class       TEXT,
   last_error        TEXT,
-  history           TEXT NOT NULL DEFAULT '[]'
+  history           TEXT NOT NULL DEFAULT '[]',
+  window_start      INTEGER
 );
 CREATE INDEX IF NOT EXISTS ix_ready ON messages(queue, priority DESC, due_at, seq) WHERE state = 1;
 CREATE INDEX IF NOT EXISTS ix_scheduled ON messages(due_at) WHERE state = 0;
@@ -68,34 +85,58 @@ CREATE TABLE IF NOT EXISTS idempotency (
   message_id  TEXT NOT NULL,
   fingerprint TEXT NOT NULL,
   expires_at  INTEGER NOT NULL,
+  tombstone   TEXT,
   PRIMARY KEY (queue, ikey)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
 "#;
 
-/// Create or check the schema.
+/// Create the schema, or upgrade an older one, or refuse a newer one; one transaction.
 pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
-    conn.execute_batch(SCHEMA)?;
+    // The version before anything is created: `meta` is missing in a new database.
     let found: Option<String> = conn
         .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
             r.get(0)
         })
         .ok();
-    match found.and_then(|v| v.parse::<i64>().ok()) {
-        None => {
-            conn.execute(
-                "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?1)",
-                [SCHEMA_VERSION.to_string()],
-            )?;
-        }
-        Some(v) if v > SCHEMA_VERSION => {
+    let found = match found {
+        None => None,
+        Some(v) => Some(v.parse::<i64>().map_err(|_| {
+            crate::StoreError::Backend(format!("data directory has a bad schema version {v:?}"))
+        })?),
+    };
+    if let Some(v) = found {
+        if v > SCHEMA_VERSION {
             return Err(crate::StoreError::Backend(format!(
                 "data directory has schema version {v}, this redrive knows {SCHEMA_VERSION}: upgrade redrive"
             )));
         }
-        Some(_) => {}
     }
-    Ok(())
+    conn.execute_batch("BEGIN IMMEDIATE").db()?;
+    let r = (|| {
+        if let Some(v) = found {
+            for (from, step) in MIGRATIONS {
+                if *from >= v {
+                    conn.execute_batch(step).db()?;
+                    tracing::info!(from, to = from + 1, "upgraded the data directory's schema");
+                }
+            }
+        }
+        conn.execute_batch(SCHEMA).db()?;
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (k, v) VALUES ('schema_version', ?1)",
+            [SCHEMA_VERSION.to_string()],
+        )
+        .db()?;
+        Ok(())
+    })();
+    match r {
+        Ok(()) => conn.execute_batch("COMMIT").db(),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }
 
 /// The column list every message read uses, in [`super::row::Row`] order, as a literal so
@@ -104,10 +145,13 @@ macro_rules! columns {
     () => {
         "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
          headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
-         leased_at, lease_expires_at, finished_at, dead_reason, last_error"
+         leased_at, lease_expires_at, finished_at, dead_reason, last_error, window_start"
     };
 }
 pub(crate) use columns;
 
 /// [`columns!`] as a constant, for queries assembled at run time.
 pub const COLUMNS: &str = columns!();
+
+/// The index of `history` when a query selects it right after [`columns!`].
+pub const HISTORY_COLUMN: usize = 23;

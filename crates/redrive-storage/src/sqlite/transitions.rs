@@ -6,8 +6,10 @@
 //! It validates before it writes wherever it can; when it cannot, returning an
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
+use super::idempotency::{PurgedKey, Tombstone};
 use super::row::Row;
 use super::schema::columns;
+use super::sql_error::SqlResultExt;
 use crate::{
     Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
     StoreError, TickOutcome,
@@ -138,17 +140,19 @@ impl WriterState {
     fn row_by_id(&self, id: &MessageId) -> Result<Row, StoreError> {
         let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1");
         self.conn
-            .prepare_cached(sql)?
+            .prepare_cached(sql)
+            .db()?
             .query_row([id.to_string()], Row::from_sql)
-            .optional()?
+            .optional()
+            .db()?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 
     fn append_history(&self, seq: i64, entry: &HistoryEntry) -> Result<(), StoreError> {
         let json = serde_json::to_string(entry)?;
         self.conn
-            .prepare_cached("UPDATE messages SET history = json_insert(history, '$[#]', json(?2)) WHERE seq = ?1")?
-            .execute(params![seq, json])?;
+            .prepare_cached("UPDATE messages SET history = json_insert(history, '$[#]', json(?2)) WHERE seq = ?1").db()?
+            .execute(params![seq, json]).db()?;
         Ok(())
     }
 
@@ -164,14 +168,19 @@ impl WriterState {
             let payload = serde_json::to_string(&item.payload)?;
             let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
             if let Some(ikey) = &item.idempotency_key {
-                let found: Option<(String, String)> = self
+                let found: Option<(String, String, Option<String>, i64)> = self
                     .conn
                     .prepare_cached(
-                        "SELECT message_id, fingerprint FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND expires_at > ?3",
-                    )?
-                    .query_row(params![item.queue, ikey, now.as_millis()], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                if let Some((mid, fp)) = found {
+                        "SELECT message_id, fingerprint, tombstone, expires_at FROM idempotency \
+                         WHERE queue = ?1 AND ikey = ?2 AND expires_at > ?3",
+                    )
+                    .db()?
+                    .query_row(params![item.queue, ikey, now.as_millis()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()
+                    .db()?;
+                if let Some((mid, fp, tombstone, expires_at)) = found {
                     if fp != fingerprint {
                         return Err(StoreError::IdempotencyConflict {
                             index,
@@ -190,7 +199,22 @@ impl WriterState {
                             });
                             continue;
                         }
-                        Err(StoreError::NotFound(_)) => {} // deleted by an operator: publish anew
+                        // Purged (an operator's delete removes the record too): the key
+                        // outlives its message, so answer what the record remembers.
+                        Err(StoreError::NotFound(_)) => {
+                            out.push(Published {
+                                message: super::idempotency::purged_message(
+                                    id,
+                                    &item,
+                                    tombstone.as_deref(),
+                                    expires_at,
+                                    self.idempotency_window_ms,
+                                )?,
+                                replayed: true,
+                                failure: None,
+                            });
+                            continue;
+                        }
                         Err(e) => return Err(e),
                     }
                 }
@@ -228,6 +252,7 @@ impl WriterState {
                 finished_at: None,
                 dead_reason: None,
                 last_error: None,
+                window_start: None,
             };
             let mut history = Vec::new();
             let mut failure_outcome = None;
@@ -247,14 +272,14 @@ impl WriterState {
                 self.conn
                     .prepare_cached(
                         "INSERT OR REPLACE INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    )?
+                    ).db()?
                     .execute(params![
                         item.queue,
                         ikey,
                         row.id,
                         fingerprint,
                         now.plus_ms(self.idempotency_window_ms).as_millis()
-                    ])?;
+                    ]).db()?;
             }
             self.moved(&row.queue, None, Some(row.state));
             if row.state == State::Scheduled {
@@ -293,7 +318,7 @@ impl WriterState {
                  attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, finished_at, dead_reason, \
                  error_class, last_error, history) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18)",
-            )?
+            ).db()?
             .execute(params![
                 row.id,
                 row.queue,
@@ -313,7 +338,7 @@ impl WriterState {
                 error_class,
                 row.last_error,
                 history,
-            ])?;
+            ]).db()?;
         Ok(self.conn.last_insert_rowid())
     }
 
@@ -328,9 +353,10 @@ impl WriterState {
         let settings = self.catalog.get(&row.queue);
         let ctx = FailureContext {
             counted_attempts: row.counted_attempts().max(1),
-            created_at: Timestamp::from_millis(row.created_at),
+            window_start: Timestamp::from_millis(row.window_start()),
             now,
             prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
+            uncharged_rate_limited: row.uncounted,
         };
         let decision = settings.retry.decide(&ctx, failure, &mut self.rng);
         let error = LastError {
@@ -399,7 +425,7 @@ impl WriterState {
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
                  finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
                  history = json_insert(history, '$[#]', json(?11)) WHERE seq = ?1",
-            )?
+            ).db()?
             .execute(params![
                 row.seq,
                 row.state.code(),
@@ -412,7 +438,7 @@ impl WriterState {
                 failure.class.as_str(),
                 row.last_error,
                 serde_json::to_string(&entry)?,
-            ])?;
+            ]).db()?;
         self.moved(&row.queue, Some(from), Some(row.state));
         if row.state == State::Scheduled {
             if let Some(d) = row.due_at {
@@ -472,7 +498,8 @@ impl WriterState {
         let nonce = format!("{:016x}", self.rng.next_u64());
         let mut rows: Vec<Row> = self
             .conn
-            .prepare_cached(sql)?
+            .prepare_cached(sql)
+            .db()?
             .query_map(
                 params![
                     req.queue,
@@ -482,8 +509,10 @@ impl WriterState {
                     expires.as_millis()
                 ],
                 Row::from_sql,
-            )?
-            .collect::<Result<_, _>>()?;
+            )
+            .db()?
+            .collect::<Result<_, _>>()
+            .db()?;
         // RETURNING has no order: restore the lease order.
         rows.sort_by(|a, b| {
             b.priority
@@ -528,16 +557,17 @@ impl WriterState {
                    'event', 'acked')) \
                  WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 RETURNING ",
                 columns!()
-            ))?
+            )).db()?
             .query_row(
                 params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339()],
                 Row::from_sql,
             )
-            .optional()?;
+            .optional().db()?;
         if let Some(row) = fast {
             self.moved(&row.queue, Some(State::Leased), Some(State::Done));
             return Ok(Acked {
                 message: row.to_message(None)?,
+                repeated: false,
             });
         }
         // Not the live lease: a retried ack of a done message, or an error to name. The fast
@@ -546,7 +576,8 @@ impl WriterState {
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
             return Ok(Acked {
                 message: row.to_message(None)?,
-            }); // a retried ack
+                repeated: true, // a retried ack
+            });
         }
         check_lease(&row, &lease.token, now)?;
         Err(StoreError::Backend(format!(
@@ -572,8 +603,10 @@ impl WriterState {
         self.conn
             .prepare_cached(
                 "UPDATE messages SET lease_expires_at = ?2, updated_at = ?3 WHERE seq = ?1",
-            )?
-            .execute(params![row.seq, new, now.as_millis()])?;
+            )
+            .db()?
+            .execute(params![row.seq, new, now.as_millis()])
+            .db()?;
         Ok(Timestamp::from_millis(new))
     }
 
@@ -589,9 +622,9 @@ impl WriterState {
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, \
-                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL WHERE seq = ?1",
-            )?
-            .execute(params![row.seq, now.as_millis()])?;
+                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL, window_start = ?2 WHERE seq = ?1",
+            ).db()?
+            .execute(params![row.seq, now.as_millis()]).db()?;
         let entry = HistoryEntry {
             attempt: row.attempts,
             at: now,
@@ -620,8 +653,8 @@ impl WriterState {
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3 WHERE seq = ?1",
-            )?
-            .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()])?;
+            ).db()?
+            .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()]).db()?;
         let entry = HistoryEntry {
             attempt: row.attempts,
             at: now,
@@ -637,14 +670,18 @@ impl WriterState {
         let row = self.row_by_id(id)?;
         let message = self.full_message(row.seq)?;
         self.conn
-            .prepare_cached("DELETE FROM messages WHERE seq = ?1")?
-            .execute([row.seq])?;
+            .prepare_cached("DELETE FROM messages WHERE seq = ?1")
+            .db()?
+            .execute([row.seq])
+            .db()?;
         if let Some(ikey) = &row.idempotency_key {
             self.conn
                 .prepare_cached(
                     "DELETE FROM idempotency WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3",
-                )?
-                .execute(params![row.queue, ikey, row.id])?;
+                )
+                .db()?
+                .execute(params![row.queue, ikey, row.id])
+                .db()?;
         }
         self.moved(&row.queue, Some(row.state), None);
         Ok(message)
@@ -658,8 +695,12 @@ impl WriterState {
         );
         let (row, history): (Row, String) = self
             .conn
-            .prepare_cached(sql)?
-            .query_row([seq], |r| Ok((Row::from_sql(r)?, r.get(22)?)))?;
+            .prepare_cached(sql)
+            .db()?
+            .query_row([seq], |r| {
+                Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+            })
+            .db()?;
         row.to_message(Some(&history))
     }
 
@@ -670,9 +711,9 @@ impl WriterState {
             .prepare_cached(
                 "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
                  (SELECT seq FROM messages WHERE state = 0 AND due_at <= ?1 ORDER BY due_at LIMIT ?2) RETURNING queue",
-            )?
-            .query_map(params![t, TICK_PROMOTE_LIMIT], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
+            ).db()?
+            .query_map(params![t, TICK_PROMOTE_LIMIT], |r| r.get(0)).db()?
+            .collect::<Result<_, _>>().db()?;
         let mut more = promoted.len() as i64 >= TICK_PROMOTE_LIMIT;
         let mut ready_queues: Vec<String> = Vec::new();
         for q in &promoted {
@@ -688,9 +729,12 @@ impl WriterState {
         );
         let expired_rows: Vec<Row> = self
             .conn
-            .prepare_cached(sql)?
-            .query_map(params![t, TICK_EXPIRE_LIMIT], Row::from_sql)?
-            .collect::<Result<_, _>>()?;
+            .prepare_cached(sql)
+            .db()?
+            .query_map(params![t, TICK_EXPIRE_LIMIT], Row::from_sql)
+            .db()?
+            .collect::<Result<_, _>>()
+            .db()?;
         more |= expired_rows.len() as i64 >= TICK_EXPIRE_LIMIT;
         let mut expired = Vec::with_capacity(expired_rows.len());
         let lease_expired = Failure::lease_expired();
@@ -723,17 +767,52 @@ impl WriterState {
         let cutoff = now
             .as_millis()
             .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
-        let queues: Vec<String> = self
+        let purged: Vec<(String, Option<PurgedKey>)> = self
             .conn
             .prepare_cached(
                 "DELETE FROM messages WHERE seq IN \
-                 (SELECT seq FROM messages WHERE state = 3 AND finished_at < ?1 LIMIT ?2) RETURNING queue",
-            )?
-            .query_map(params![cutoff, PURGE_LIMIT], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        let more = queues.len() as i64 >= PURGE_LIMIT;
+                 (SELECT seq FROM messages WHERE state = 3 AND finished_at < ?1 LIMIT ?2) \
+                 RETURNING queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
+                 priority, msg_key, headers",
+            ).db()?
+            .query_map(params![cutoff, PURGE_LIMIT], |r| {
+                let ikey: Option<String> = r.get(1)?;
+                let facts = match ikey {
+                    None => None,
+                    Some(ikey) => {
+                        let headers: Option<String> = r.get(9)?;
+                        Some((ikey, r.get(2)?, Tombstone {
+                            created_at: r.get(3)?,
+                            updated_at: r.get(4)?,
+                            finished_at: r.get(5)?,
+                            attempts: r.get(6)?,
+                            priority: r.get(7)?,
+                            key: r.get(8)?,
+                            headers: match headers {
+                                Some(h) => serde_json::from_str(&h).map_err(|e| {
+                                    rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
+                                })?,
+                                None => Default::default(),
+                            },
+                        }))
+                    }
+                };
+                Ok((r.get(0)?, facts))
+            }).db()?
+            .collect::<Result<_, _>>().db()?;
+        let more = purged.len() as i64 >= PURGE_LIMIT;
+        // The key outlives the message (SPEC §4): its record keeps what a replay answers.
+        for (q, facts) in &purged {
+            if let Some((ikey, id, tombstone)) = facts {
+                self.conn
+                    .prepare_cached(
+                        "UPDATE idempotency SET tombstone = ?4 WHERE queue = ?1 AND ikey = ?2 AND message_id = ?3",
+                    ).db()?
+                    .execute(params![q, ikey, id, serde_json::to_string(tombstone)?]).db()?;
+            }
+        }
         let mut per_queue: Vec<(String, u64)> = Vec::new();
-        for q in queues {
+        for (q, _) in purged {
             self.moved(&q, Some(State::Done), None);
             match per_queue.iter_mut().find(|(n, _)| *n == q) {
                 Some((_, c)) => *c += 1,
@@ -742,8 +821,10 @@ impl WriterState {
         }
         let idem = self
             .conn
-            .prepare_cached("DELETE FROM idempotency WHERE expires_at <= ?1")?
-            .execute([now.as_millis()])?;
+            .prepare_cached("DELETE FROM idempotency WHERE expires_at <= ?1")
+            .db()?
+            .execute([now.as_millis()])
+            .db()?;
         Ok(PurgeOutcome {
             done_deleted: per_queue,
             idempotency_deleted: idem as u64,

@@ -178,11 +178,19 @@ pub fn render(source: &str, policy: &RetryPolicy, rows: &[ExplainRow]) -> String
             format_duration_ms(policy.max_age_ms)
         ));
     }
+    let charged = if policy.rate_limited_counts {
+        "they count against max_attempts".to_owned()
+    } else {
+        format!(
+            "the first {} do not count against max_attempts (later ones do)",
+            policy.max_rate_limited
+        )
+    };
     out.push_str(&format!(
-        "\nafter attempt {} fails the message is dead (max_attempts); rate-limited failures wait for their Retry-After (at most {}) and {} against max_attempts\n",
+        "\nafter attempt {} fails the message is dead (max_attempts); rate-limited failures wait for their Retry-After (at most {}, never less than the delay above without jitter); {}\n",
         policy.max_attempts,
         format_duration_ms(policy.max_retry_after_ms),
-        if policy.rate_limited_counts { "count" } else { "do not count" }
+        charged
     ));
     out
 }

@@ -1,0 +1,451 @@
+//! Ack and nack: retried acks, per-item batch answers, and what the retry policy makes of each failure class (transient, permanent, rate limited, `max_attempts`, `max_age`).
+
+use super::helpers::*;
+use super::*;
+
+pub async fn ack_retried_with_same_token_succeeds<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
+    let first = ack(&*s, m.id, &l.token, at(10)).await.expect("ack");
+    assert!(!first.repeated, "the first ack is not a repeat");
+    let again = ack(&*s, m.id, &l.token, at(20))
+        .await
+        .expect("a retried ack with the same token");
+    assert_eq!(again.message.state, State::Done);
+    // Issue 5, defect 13: a repeat says so, so that it is not counted twice.
+    assert!(again.repeated, "a retried ack is not marked as a repeat");
+    let late = ack(&*s, m.id, &l.token, at(50_000))
+        .await
+        .expect("a retried ack after the lease time");
+    assert_eq!(late.message.state, State::Done);
+    assert!(late.repeated);
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.history.len(), 1, "a retried ack wrote history again");
+    assert_eq!(
+        got.finished_at,
+        Some(at(10)),
+        "a retried ack moved finished_at"
+    );
+    expect_err(
+        ack(&*s, m.id, "bogus", at(30)).await,
+        "ack of a done message with a wrong token",
+        is_mismatch,
+    );
+    let n = nack(
+        &*s,
+        m.id,
+        &l.token,
+        failure(ErrorClass::Transient, "x"),
+        at(30),
+    )
+    .await;
+    assert!(n.is_err(), "a nack of a done message succeeded: {n:?}");
+    assert_eq!(get(&*s, m.id).await.state, State::Done, "done changed");
+    assert_eq!(count(&*s, Q, State::Done).await, 1);
+}
+
+pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
+    let items: Vec<NewMessage> = (0..3).map(|i| msg(Q, json!(i))).collect();
+    s.publish(items, at(0)).await.expect("publish");
+    let ls = lease(&*s, Q, 3, 30_000, at(0)).await;
+    assert_eq!(ls.len(), 3);
+    let (a, b, c) = (&ls[0], &ls[1], &ls[2]);
+    let r = s
+        .ack(
+            vec![
+                lref(a.message.id, &a.token),
+                lref(b.message.id, "bogus"),
+                lref(c.message.id, &c.token),
+            ],
+            at(1),
+        )
+        .await
+        .expect("batch ack");
+    assert_eq!(r.len(), 3, "one result per item");
+    assert!(
+        r[0].is_ok() && r[2].is_ok(),
+        "good items of a batch ack failed: {r:?}"
+    );
+    assert!(
+        matches!(r[1], Err(StoreError::LeaseMismatch)),
+        "bad item: {:?}",
+        r[1]
+    );
+    assert_eq!(
+        get(&*s, b.message.id).await.state,
+        State::Leased,
+        "the bad item changed"
+    );
+    let r = s
+        .nack(
+            vec![
+                Nack {
+                    lease: lref(b.message.id, &b.token),
+                    failure: failure(ErrorClass::Transient, "x"),
+                },
+                Nack {
+                    lease: lref(a.message.id, &a.token),
+                    failure: failure(ErrorClass::Transient, "x"),
+                },
+                Nack {
+                    lease: lref(MessageId::new(), "t"),
+                    failure: failure(ErrorClass::Transient, "x"),
+                },
+            ],
+            at(2),
+        )
+        .await
+        .expect("batch nack");
+    assert_eq!(r.len(), 3, "one result per item");
+    assert_eq!(
+        r[0].as_ref().map(|o| o.message.state).ok(),
+        Some(State::Scheduled)
+    );
+    assert!(r[1].is_err(), "nack of an acked message succeeded");
+    assert!(
+        matches!(r[2], Err(StoreError::NotFound(_))),
+        "unknown id: {:?}",
+        r[2]
+    );
+    assert_eq!(get(&*s, a.message.id).await.state, State::Done);
+}
+
+pub async fn nack_transient_schedules_retry<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let out = nack(
+        &*s,
+        m.id,
+        &l.token,
+        failure(ErrorClass::Transient, "db timeout"),
+        at(10),
+    )
+    .await
+    .expect("nack of a live lease");
+    assert_eq!(out.class, ErrorClass::Transient);
+    assert_eq!(out.retry_delay_ms, Some(RETRY_DELAY_MS), "fixed 1s backoff");
+    assert_eq!(out.dead_reason, None);
+    assert_eq!(out.message.state, State::Scheduled);
+    assert_eq!(out.message.due_at, Some(at(1_010)), "due = now + delay");
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.state, State::Scheduled);
+    assert_eq!(got.attempts, 1);
+    assert_eq!(got.due_at, Some(at(1_010)));
+    let le = got.last_error.as_ref().expect("last_error after a nack");
+    assert_eq!(le.class, ErrorClass::Transient);
+    assert_eq!(le.message.as_deref(), Some("db timeout"));
+    assert_eq!(le.at, at(10));
+    assert_eq!(got.history.len(), 1);
+    match &got.history[0].event {
+        HistoryEvent::Failed {
+            retry_at,
+            delay_ms,
+            dead_reason,
+            error,
+            ..
+        } => {
+            assert_eq!(*retry_at, Some(at(1_010)));
+            assert_eq!(*delay_ms, Some(RETRY_DELAY_MS));
+            assert_eq!(*dead_reason, None);
+            assert_eq!(error.message.as_deref(), Some("db timeout"));
+        }
+        e => panic!("history entry is {e:?}, expected Failed"),
+    }
+    assert_eq!(got.history[0].attempt, 1);
+    assert_eq!(
+        got.history[0].leased_at,
+        Some(at(0)),
+        "history records when the attempt was leased"
+    );
+    assert!(
+        lease(&*s, Q, 1, 30_000, at(1_009)).await.is_empty(),
+        "leased before its retry is due"
+    );
+    assert!(tick(&*s, at(1_009)).await.ready_queues.is_empty());
+    assert_eq!(tick(&*s, at(1_010)).await.ready_queues, vec![Q.to_owned()]);
+    let l2 = lease_one(&*s, Q, m.id, 30_000, at(1_010)).await;
+    assert_eq!(l2.attempt, 2);
+    assert_ne!(l2.token, l.token, "a new lease has a new token");
+    assert_eq!(
+        l2.message.last_error.as_ref().map(|e| e.class),
+        Some(ErrorClass::Transient)
+    );
+}
+
+pub async fn nack_until_dead_max_attempts<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0;
+    for attempt in 1..=MAX_ATTEMPTS {
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        let out = nack(
+            &*s,
+            m.id,
+            &l.token,
+            failure(ErrorClass::Transient, "boom"),
+            at(now + 10),
+        )
+        .await
+        .expect("nack");
+        if attempt < MAX_ATTEMPTS {
+            assert_eq!(
+                out.message.state,
+                State::Scheduled,
+                "attempt {attempt} of {MAX_ATTEMPTS} retries"
+            );
+            now += 10 + RETRY_DELAY_MS as i64;
+        } else {
+            assert_eq!(
+                out.message.state,
+                State::Dead,
+                "the last attempt's failure is dead"
+            );
+            assert_eq!(out.dead_reason, Some(DeadReason::MaxAttempts));
+            assert_eq!(out.retry_delay_ms, None);
+        }
+    }
+    let dead = get(&*s, m.id).await;
+    assert_eq!(dead.state, State::Dead);
+    assert_eq!(dead.dead_reason, Some(DeadReason::MaxAttempts));
+    assert_eq!(dead.attempts, MAX_ATTEMPTS);
+    assert!(dead.finished_at.is_some(), "a dead message has finished_at");
+    assert_eq!(
+        failures(&dead),
+        vec![(1, None), (2, None), (3, Some(DeadReason::MaxAttempts))],
+        "one history entry per attempt"
+    );
+    assert_eq!(dead.history.len(), 3);
+    assert!(
+        lease(&*s, Q, 1, 30_000, at(100_000)).await.is_empty(),
+        "a dead message was leased"
+    );
+    assert_eq!(
+        tick(&*s, at(100_000)).await.next_wake,
+        None,
+        "a dead message needs no wake"
+    );
+    assert_eq!(count(&*s, Q, State::Dead).await, 1);
+}
+
+pub async fn nack_permanent_is_dead_now<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let out = lease_and_nack(
+        &*s,
+        Q,
+        m.id,
+        failure(ErrorClass::Permanent, "400 bad request"),
+        at(0),
+    )
+    .await;
+    assert_eq!(out.message.state, State::Dead);
+    assert_eq!(out.dead_reason, Some(DeadReason::PermanentError));
+    assert_eq!(out.class, ErrorClass::Permanent);
+    let dead = get(&*s, m.id).await;
+    assert_eq!(dead.dead_reason, Some(DeadReason::PermanentError));
+    assert_eq!(dead.attempts, 1);
+    assert_eq!(failures(&dead), vec![(1, Some(DeadReason::PermanentError))]);
+    assert_eq!(
+        dead.last_error.as_ref().map(|e| e.class),
+        Some(ErrorClass::Permanent)
+    );
+}
+
+pub async fn rate_limited_honours_retry_after_and_is_not_counted<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0i64;
+    let limited = |after: Option<u64>| Failure {
+        retry_after_ms: after,
+        ..failure(ErrorClass::RateLimited, "429")
+    };
+    // More rate-limited failures than max_attempts: none of them counts.
+    for attempt in 1..=MAX_ATTEMPTS + 1 {
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        let out = nack(&*s, m.id, &l.token, limited(Some(5_000)), at(now))
+            .await
+            .expect("nack");
+        assert_eq!(
+            out.message.state,
+            State::Scheduled,
+            "rate-limited attempt {attempt} must not be dead"
+        );
+        assert_eq!(out.retry_delay_ms, Some(5_000), "retry_after is honoured");
+        assert_eq!(out.message.due_at, Some(at(now + 5_000)));
+        assert!(lease(&*s, Q, 1, 30_000, at(now + 4_999)).await.is_empty());
+        assert!(
+            tick(&*s, at(now + 4_999)).await.ready_queues.is_empty(),
+            "ready before retry_after"
+        );
+        now += 5_000;
+    }
+    // Now MAX_ATTEMPTS counted (transient) failures are still allowed.
+    for n in 1..=MAX_ATTEMPTS {
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        let out = nack(
+            &*s,
+            m.id,
+            &l.token,
+            failure(ErrorClass::Transient, "503"),
+            at(now),
+        )
+        .await
+        .expect("nack");
+        if n < MAX_ATTEMPTS {
+            assert_eq!(
+                out.message.state,
+                State::Scheduled,
+                "counted failure {n} of {MAX_ATTEMPTS}"
+            );
+        } else {
+            assert_eq!(
+                out.dead_reason,
+                Some(DeadReason::MaxAttempts),
+                "counted failure {n} is the last"
+            );
+        }
+        now += RETRY_DELAY_MS as i64;
+    }
+    let dead = get(&*s, m.id).await;
+    assert_eq!(dead.attempts, 2 * MAX_ATTEMPTS + 1);
+    assert_eq!(
+        failures(&dead).len(),
+        (2 * MAX_ATTEMPTS + 1) as usize,
+        "one history entry per attempt"
+    );
+    match &dead.history[0].event {
+        HistoryEvent::Failed { retry_after_ms, .. } => assert_eq!(*retry_after_ms, Some(5_000)),
+        e => panic!("history entry is {e:?}"),
+    }
+
+    // retry_after is bounded by the policy; without one, the backoff applies.
+    let o = publish(&*s, msg(OTHER, json!("y")), at(0)).await;
+    let out = lease_and_nack(
+        &*s,
+        OTHER,
+        o.id,
+        limited(Some(2 * MAX_RETRY_AFTER_MS)),
+        at(0),
+    )
+    .await;
+    assert_eq!(
+        out.retry_delay_ms,
+        Some(MAX_RETRY_AFTER_MS),
+        "a hostile retry_after is bounded"
+    );
+    assert_eq!(out.message.due_at, Some(at(MAX_RETRY_AFTER_MS as i64)));
+    let p = publish(&*s, msg(OTHER, json!("z")), at(0)).await;
+    let out = lease_and_nack(&*s, OTHER, p.id, limited(None), at(0)).await;
+    assert_eq!(
+        out.retry_delay_ms,
+        Some(RETRY_DELAY_MS),
+        "no retry_after: the policy's backoff"
+    );
+}
+
+pub async fn max_age_ends_retries<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(SHORT_AGE, json!("x")), at(0)).await;
+    let out = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "a"),
+        at(0),
+    )
+    .await;
+    assert_eq!(
+        out.message.due_at,
+        Some(at(1_000)),
+        "first retry is inside the 1.5s window"
+    );
+    tick(&*s, at(1_000)).await;
+    let out = lease_and_nack(
+        &*s,
+        SHORT_AGE,
+        m.id,
+        failure(ErrorClass::Transient, "b"),
+        at(1_000),
+    )
+    .await;
+    assert_eq!(
+        out.message.state,
+        State::Dead,
+        "a retry at 2s is past created_at + 1.5s"
+    );
+    assert_eq!(out.dead_reason, Some(DeadReason::MaxAge));
+    assert_eq!(get(&*s, m.id).await.dead_reason, Some(DeadReason::MaxAge));
+}
+
+/// Defect 5 of issue 5: `rate_limited` with `retry_after: "0s"` on a fixed 1 s policy
+/// was a hot loop (680 deliveries in 2 s, each rewriting the history, until `max_age`).
+/// Each retry waits at least the policy's delay (1 s), and after [`MAX_RATE_LIMITED`]
+/// uncharged ones the rate-limited attempts count against `max_attempts`.
+pub async fn rate_limited_retry_after_zero_waits_policy_delay_then_counts<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let zero = || Failure {
+        retry_after_ms: Some(0),
+        ..failure(ErrorClass::RateLimited, "429")
+    };
+    let mut now = 0i64;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        let out = nack(&*s, m.id, &l.token, zero(), at(now))
+            .await
+            .expect("nack");
+        // Uncharged: MAX_RATE_LIMITED of them; then charged: MAX_ATTEMPTS of them.
+        if attempt == MAX_RATE_LIMITED + MAX_ATTEMPTS {
+            assert_eq!(
+                out.dead_reason,
+                Some(DeadReason::MaxAttempts),
+                "attempt {attempt}: charged rate limits end at max_attempts"
+            );
+            break;
+        }
+        assert_eq!(
+            out.message.state,
+            State::Scheduled,
+            "attempt {attempt}: {out:?}"
+        );
+        assert_eq!(
+            out.retry_delay_ms,
+            Some(RETRY_DELAY_MS),
+            "attempt {attempt}: retry_after 0s must wait the policy's delay"
+        );
+        assert_eq!(out.message.due_at, Some(at(now + RETRY_DELAY_MS as i64)));
+        assert!(
+            lease(&*s, Q, 1, 30_000, at(now + RETRY_DELAY_MS as i64 - 1))
+                .await
+                .is_empty()
+                && tick(&*s, at(now + RETRY_DELAY_MS as i64 - 1))
+                    .await
+                    .ready_queues
+                    .is_empty(),
+            "attempt {attempt}: deliverable before the policy's delay"
+        );
+        assert!(attempt < MAX_RATE_LIMITED + MAX_ATTEMPTS, "never dead");
+        now += RETRY_DELAY_MS as i64;
+    }
+    let dead = get(&*s, m.id).await;
+    assert_eq!(dead.attempts, MAX_RATE_LIMITED + MAX_ATTEMPTS);
+    // A redrive gives a fresh budget of uncharged rate limits too.
+    s.redrive(m.id, at(now + 1)).await.expect("redrive");
+    for n in 1..=MAX_RATE_LIMITED {
+        let t = now + 1 + (n as i64 - 1) * RETRY_DELAY_MS as i64;
+        tick(&*s, at(t)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(t)).await;
+        let out = nack(&*s, m.id, &l.token, zero(), at(t))
+            .await
+            .expect("nack");
+        assert_eq!(
+            out.message.state,
+            State::Scheduled,
+            "after redrive, rate limit {n}"
+        );
+    }
+}

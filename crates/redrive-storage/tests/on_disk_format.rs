@@ -1,0 +1,332 @@
+//! The on-disk format of the embedded store, read back by a later redrive: a state code
+//! no state has is an error (never read as `dead`), and data directories written by
+//! earlier schema versions open and keep working.
+
+use redrive_core::{ErrorClass, Failure, MessageId, NewMessage, State};
+use redrive_storage::conformance::{self, at, Q, SHORT_AGE, T0};
+use redrive_storage::{
+    LeaseRef, LeaseRequest, MessageFilter, Nack, SqliteOptions, SqliteStore, Store, StoreError,
+};
+use serde_json::json;
+use std::path::Path;
+
+fn options(dir: &Path) -> SqliteOptions {
+    let mut opts = SqliteOptions::new(dir);
+    opts.catalog = std::sync::Arc::new(conformance::catalog());
+    opts.seed = Some(5);
+    opts
+}
+
+/// Write straight to the database file, as a newer redrive or a damaged disk would.
+fn raw(dir: &Path) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(dir.join("redrive.db")).expect("open the raw database");
+    c.busy_timeout(std::time::Duration::from_secs(5))
+        .expect("busy timeout");
+    c
+}
+
+fn is_unknown_state(e: &StoreError) -> bool {
+    matches!(e, StoreError::Backend(m) if m.contains("state code 9"))
+}
+
+#[tokio::test]
+async fn unknown_state_code_on_disk_is_an_error_not_dead() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(options(dir.path())).expect("open");
+    let id = store
+        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], at(0))
+        .await
+        .expect("publish")[0]
+        .message
+        .id;
+    // A code no state has (9), written underneath the running store.
+    raw(dir.path())
+        .execute("UPDATE messages SET state = 9", [])
+        .expect("raw update");
+    match store.get(id).await {
+        Err(e) if is_unknown_state(&e) => {}
+        other => panic!("get of a row with state code 9: {other:?}"),
+    }
+    match store.search(MessageFilter::default(), 10, None).await {
+        Err(e) if is_unknown_state(&e) => {}
+        other => panic!("search over a row with state code 9: {other:?}"),
+    }
+    store.close().await;
+    // Reopening counts messages per state: it refuses, naming the code, rather than
+    // counting the row as dead.
+    match SqliteStore::open(options(dir.path())) {
+        Err(e) if is_unknown_state(&e) => {}
+        Err(e) => panic!("reopen failed for another reason: {e}"),
+        Ok(_) => panic!("a store with state code 9 on disk opened"),
+    }
+}
+
+/// The schema of version 1 (the first release), verbatim: a data directory written by
+/// it must open with this redrive and keep working.
+const SCHEMA_V1: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+  seq               INTEGER PRIMARY KEY,
+  id                TEXT NOT NULL UNIQUE,
+  queue             TEXT NOT NULL,
+  state             INTEGER NOT NULL,
+  priority          INTEGER NOT NULL,
+  due_at            INTEGER,
+  msg_key           TEXT,
+  idempotency_key   TEXT,
+  payload           TEXT NOT NULL,
+  headers           TEXT,
+  attempts          INTEGER NOT NULL DEFAULT 0,
+  budget_base       INTEGER NOT NULL DEFAULT 0,
+  uncounted         INTEGER NOT NULL DEFAULT 0,
+  prev_delay_ms     INTEGER,
+  created_at        INTEGER NOT NULL,
+  updated_at        INTEGER NOT NULL,
+  lease_token       TEXT,
+  leased_at         INTEGER,
+  lease_expires_at  INTEGER,
+  finished_at       INTEGER,
+  dead_reason       TEXT,
+  error_class       TEXT,
+  last_error        TEXT,
+  history           TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS ix_ready ON messages(queue, priority DESC, due_at, seq) WHERE state = 1;
+CREATE INDEX IF NOT EXISTS ix_scheduled ON messages(due_at) WHERE state = 0;
+CREATE INDEX IF NOT EXISTS ix_leased ON messages(lease_expires_at) WHERE state = 2;
+CREATE INDEX IF NOT EXISTS ix_done ON messages(finished_at) WHERE state = 3;
+CREATE INDEX IF NOT EXISTS ix_key ON messages(queue, msg_key, seq) WHERE msg_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_key_leased ON messages(queue, msg_key) WHERE state = 2;
+CREATE INDEX IF NOT EXISTS ix_queue ON messages(queue, seq);
+CREATE INDEX IF NOT EXISTS ix_dead ON messages(queue, seq) WHERE state = 4;
+CREATE TABLE IF NOT EXISTS idempotency (
+  queue       TEXT NOT NULL,
+  ikey        TEXT NOT NULL,
+  message_id  TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  expires_at  INTEGER NOT NULL,
+  PRIMARY KEY (queue, ikey)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
+"#;
+
+/// FNV-1a of a payload's JSON text: the fingerprint version 1 stored with a key.
+fn fingerprint(payload: &serde_json::Value) -> String {
+    let text = serde_json::to_string(payload).expect("json");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// A version 1 database: a ready message with an idempotency key, a dead letter of
+/// [`SHORT_AGE`] far past its `max_age`, and the record of a key whose (done) message
+/// was already purged. Returns (ready id, dead id, purged id).
+fn write_v1(dir: &Path) -> (MessageId, MessageId, MessageId) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let c = rusqlite::Connection::open(dir.join("redrive.db")).expect("create v1 db");
+    c.execute_batch("PRAGMA page_size = 1024; PRAGMA journal_mode = WAL;")
+        .expect("pragmas");
+    c.execute_batch(SCHEMA_V1).expect("v1 schema");
+    c.execute("INSERT INTO meta (k, v) VALUES ('schema_version', '1')", [])
+        .expect("meta");
+    let (ready, dead, purged) = (MessageId::new(), MessageId::new(), MessageId::new());
+    let insert =
+        "INSERT INTO messages (id, queue, state, priority, due_at, idempotency_key, payload, \
+                  attempts, created_at, updated_at, finished_at, dead_reason, history) \
+                  VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, ?7, ?8, ?8, ?9, ?10, '[]')";
+    c.execute(
+        insert,
+        rusqlite::params![
+            ready.to_string(),
+            Q,
+            1,
+            T0,
+            "a",
+            r#"{"n":1}"#,
+            0,
+            T0,
+            None::<i64>,
+            None::<String>
+        ],
+    )
+    .expect("ready row");
+    c.execute(
+        insert,
+        rusqlite::params![
+            dead.to_string(),
+            SHORT_AGE,
+            4,
+            None::<i64>,
+            None::<String>,
+            r#"{"n":3}"#,
+            10,
+            T0,
+            Some(T0 + 1_000),
+            Some("max_attempts")
+        ],
+    )
+    .expect("dead row");
+    let record = "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
+                  VALUES (?1, ?2, ?3, ?4, ?5)";
+    let window = 24 * 3_600_000i64;
+    c.execute(
+        record,
+        rusqlite::params![
+            Q,
+            "a",
+            ready.to_string(),
+            fingerprint(&json!({"n": 1})),
+            T0 + window
+        ],
+    )
+    .expect("record a");
+    c.execute(
+        record,
+        rusqlite::params![
+            Q,
+            "gone",
+            purged.to_string(),
+            fingerprint(&json!({"n": 2})),
+            T0 + window
+        ],
+    )
+    .expect("record gone");
+    (ready, dead, purged)
+}
+
+fn keyed(key: &str, payload: serde_json::Value) -> NewMessage {
+    NewMessage {
+        idempotency_key: Some(key.into()),
+        ..NewMessage::new(Q, payload)
+    }
+}
+
+#[tokio::test]
+async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ready, dead, purged) = write_v1(dir.path());
+    let store = SqliteStore::open(options(dir.path())).expect("a v1 data directory opens");
+    assert_eq!(
+        store
+            .get(ready)
+            .await
+            .expect("get")
+            .expect("ready row")
+            .state,
+        State::Ready
+    );
+    assert_eq!(
+        store.get(dead).await.expect("get").expect("dead row").state,
+        State::Dead
+    );
+    // Its idempotency records still answer replays.
+    let r = store
+        .publish(vec![keyed("a", json!({"n": 1}))], at(10))
+        .await
+        .expect("replay");
+    assert!(r[0].replayed && r[0].message.id == ready, "{r:?}");
+    // A key whose message was purged before the upgrade answers the original id too.
+    let r = store
+        .publish(vec![keyed("gone", json!({"n": 2}))], at(20))
+        .await
+        .expect("replay");
+    assert!(
+        r[0].replayed,
+        "a purged message's key published anew: {r:?}"
+    );
+    assert_eq!(r[0].message.id, purged);
+    assert_eq!(r[0].message.state, State::Done);
+    assert_eq!(r[0].message.created_at, at(0));
+    // A dead letter far past max_age is redriven with a fresh window (its row has no
+    // window start yet): a transient failure schedules a retry.
+    store.redrive(dead, at(3_600_000)).await.expect("redrive");
+    let l = store
+        .lease(
+            LeaseRequest {
+                queue: SHORT_AGE.into(),
+                max: 1,
+                lease_ms: 30_000,
+            },
+            at(3_600_001),
+        )
+        .await
+        .expect("lease");
+    assert_eq!(l.len(), 1);
+    let out = store
+        .nack(
+            vec![Nack {
+                lease: LeaseRef {
+                    id: dead,
+                    token: l[0].token.clone(),
+                },
+                failure: Failure::new(ErrorClass::Transient, "still down"),
+            }],
+            at(3_600_002),
+        )
+        .await
+        .expect("nack");
+    let out = out[0].as_ref().expect("nack item");
+    assert_eq!(out.message.state, State::Scheduled, "{out:?}");
+    // The ready message is delivered and acked as usual; purge keeps its key.
+    let l = store
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 1,
+                lease_ms: 30_000,
+            },
+            at(30),
+        )
+        .await
+        .expect("lease");
+    assert_eq!(l[0].message.id, ready);
+    let acked = store
+        .ack(
+            vec![LeaseRef {
+                id: ready,
+                token: l[0].token.clone(),
+            }],
+            at(31),
+        )
+        .await
+        .expect("ack");
+    assert!(acked[0].is_ok());
+    store.purge(at(60_000), 1_000).await.expect("purge");
+    let r = store
+        .publish(vec![keyed("a", json!({"n": 1}))], at(60_001))
+        .await
+        .expect("replay");
+    assert!(r[0].replayed && r[0].message.id == ready && r[0].message.finished_at == Some(at(31)));
+    store.close().await;
+    let version: String = raw(dir.path())
+        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
+            r.get(0)
+        })
+        .expect("version");
+    assert_eq!(version, "2", "the data directory is marked upgraded");
+    // And it opens again as a current one.
+    SqliteStore::open(options(dir.path()))
+        .expect("reopen")
+        .close()
+        .await;
+}
+
+#[tokio::test]
+async fn newer_schema_version_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    SqliteStore::open(options(dir.path()))
+        .expect("open")
+        .close()
+        .await;
+    raw(dir.path())
+        .execute("UPDATE meta SET v = '99' WHERE k = 'schema_version'", [])
+        .expect("raw update");
+    match SqliteStore::open(options(dir.path())) {
+        Err(StoreError::Backend(m)) => assert!(m.contains("schema version 99"), "{m}"),
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("a store of a newer schema opened"),
+    }
+}
