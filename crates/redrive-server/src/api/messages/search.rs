@@ -1,0 +1,133 @@
+//! `GET /v1/messages`: search with filters and a cursor. The filters are shared with
+//! the export ([`super::export`]).
+
+use super::error_class;
+use crate::api::{queue_name, timestamp_field, ApiError, AppState, ErrorBody};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::Json;
+use redrive_core::{Message, State as MsgState};
+use redrive_storage::MessageFilter;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// Default and largest page of a search.
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1_000;
+
+/// Search filters (all optional, ANDed).
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SearchQuery {
+    /// Queue name.
+    pub queue: Option<String>,
+    /// scheduled | ready | leased | done | dead.
+    pub state: Option<String>,
+    /// Ordering key.
+    pub key: Option<String>,
+    /// Class of the last error: transient | rate_limited | permanent.
+    pub error_class: Option<String>,
+    /// Text in the payload or in the last error message (case-insensitive for ASCII).
+    pub q: Option<String>,
+    /// Created at or after (RFC 3339).
+    pub since: Option<String>,
+    /// Created before (RFC 3339).
+    pub until: Option<String>,
+    /// Page size (default 100, at most 1000).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Export only: `csv` (default) or `jsonl`.
+    pub format: Option<String>,
+}
+
+pub(super) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
+    if let Some(queue) = &q.queue {
+        queue_name(queue)?;
+    }
+    let state = match &q.state {
+        Some(st) => Some(MsgState::parse(st).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_state",
+                format!("state: {st:?} is not one of scheduled, ready, leased, done, dead"),
+            )
+        })?),
+        None => None,
+    };
+    let error_class = match &q.error_class {
+        Some(c) => Some(error_class("error_class", c)?),
+        None => None,
+    };
+    if let Some(c) = &q.cursor {
+        if c.parse::<i64>().is_err() {
+            return Err(ApiError::bad_request(
+                "invalid_cursor",
+                format!("cursor: {c:?} is not a cursor from next_cursor"),
+            ));
+        }
+    }
+    Ok(MessageFilter {
+        queue: q.queue.clone(),
+        state,
+        key: q.key.clone(),
+        error_class,
+        text: q.q.clone().filter(|t| !t.is_empty()),
+        since: q
+            .since
+            .as_deref()
+            .map(|t| timestamp_field("since", t))
+            .transpose()?,
+        until: q
+            .until
+            .as_deref()
+            .map(|t| timestamp_field("until", t))
+            .transpose()?,
+    })
+}
+
+pub(super) fn query(
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Result<SearchQuery, ApiError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+}
+
+/// A page of search results.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SearchPage {
+    /// Messages, newest first, without history.
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<Message>,
+    /// Pass as `cursor` for the next page; null at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// Search messages, newest first, with a cursor.
+#[utoipa::path(get, path = "/v1/messages", tag = "messages", params(SearchQuery),
+    responses((status = 200, body = SearchPage), (status = 400, description = "Bad filter, naming it", body = ErrorBody)))]
+pub async fn search(
+    State(s): State<AppState>,
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Result<Json<SearchPage>, ApiError> {
+    let q = query(q)?;
+    if q.format.is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "format: only for /v1/messages/export",
+        ));
+    }
+    let filter = filter_of(&q)?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit: {limit} is not in 1..={MAX_PAGE}"),
+        ));
+    }
+    let page = s.engine.store().search(filter, limit, q.cursor).await?;
+    Ok(Json(SearchPage {
+        messages: page.messages,
+        next_cursor: page.next_cursor,
+    }))
+}
