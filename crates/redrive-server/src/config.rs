@@ -92,6 +92,10 @@ pub struct Config {
     pub api_tokens: Vec<String>,
     /// Allow listening on a non-loopback address without any API token.
     pub dangerous_allow_unauthenticated_public_listen: bool,
+    /// Extra `Host` names (no port) accepted besides loopback ones, e.g. a reverse proxy's.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`) allowed besides the server's own.
+    pub allowed_origins: Vec<String>,
     /// Largest payload of one message, in bytes of its JSON text.
     pub max_payload_bytes: usize,
     /// Largest request body, in bytes.
@@ -124,6 +128,8 @@ impl Default for Config {
             durability: DurabilityName::Fsync,
             api_tokens: Vec::new(),
             dangerous_allow_unauthenticated_public_listen: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             max_payload_bytes: 1 << 20,
             max_request_bytes: 16 << 20,
             max_batch: 1_000,
@@ -149,6 +155,8 @@ const ENV_KEYS: &[&str] = &[
     "durability",
     "api_tokens",
     "dangerous_allow_unauthenticated_public_listen",
+    "allowed_hosts",
+    "allowed_origins",
     "max_payload_bytes",
     "max_request_bytes",
     "max_batch",
@@ -270,6 +278,25 @@ impl Config {
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return val("api_tokens", "every token must have at least 16 characters");
         }
+        if self
+            .allowed_hosts
+            .iter()
+            .any(|h| h.trim().is_empty() || h.contains([':', '/', '[']))
+        {
+            return val(
+                "allowed_hosts",
+                "each entry is a host name without scheme or port, e.g. \"redrive.internal\"",
+            );
+        }
+        if self.allowed_origins.iter().any(|o| {
+            let o = o.trim().trim_end_matches('/');
+            !(o.starts_with("http://") || o.starts_with("https://")) || o.matches('/').count() != 2
+        }) {
+            return val(
+                "allowed_origins",
+                "each entry is scheme://host[:port], e.g. \"https://console.example.com\"",
+            );
+        }
         for name in self.queues.keys() {
             if name != "default" {
                 redrive_core::validate_queue_name(name).map_err(|e| ConfigError::Value {
@@ -353,9 +380,9 @@ fn policy_key(e: &PolicyError) -> String {
 }
 
 /// An environment value as TOML: numbers, booleans and arrays parse as such, anything
-/// else is a string. `REDRIVE_API_TOKENS=a,b` is a list.
+/// else is a string. `REDRIVE_API_TOKENS=a,b` is a list, and so are the allow-lists.
 fn env_value(key: &str, raw: &str) -> toml::Value {
-    if key == "api_tokens" {
+    if matches!(key, "api_tokens" | "allowed_hosts" | "allowed_origins") {
         return toml::Value::Array(
             raw.split(',')
                 .map(str::trim)
@@ -420,6 +447,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("queues.bad name"), "{e}");
+    }
+
+    #[test]
+    fn browser_allow_lists_are_checked_and_read_from_the_environment() {
+        let c = load(
+            "",
+            &[
+                ("REDRIVE_ALLOWED_HOSTS", "a.internal, b.internal"),
+                ("REDRIVE_ALLOWED_ORIGINS", "https://console.example.com"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.allowed_hosts, ["a.internal", "b.internal"]);
+        assert_eq!(c.allowed_origins, ["https://console.example.com"]);
+        for (text, key) in [
+            ("allowed_hosts = [\"a.internal:80\"]", "allowed_hosts"),
+            ("allowed_hosts = [\"\"]", "allowed_hosts"),
+            (
+                "allowed_origins = [\"console.example.com\"]",
+                "allowed_origins",
+            ),
+            ("allowed_origins = [\"https://x/y\"]", "allowed_origins"),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

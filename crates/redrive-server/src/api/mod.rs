@@ -4,10 +4,12 @@
 //! `malformed_json`, an unknown field is a 400 `invalid_body` naming it
 //! (unknown fields are rejected so that a typo such as `"dealy"` is not
 //! silently ignored), a body over `max_request_bytes` is a 413. Every error
-//! is `{"error": {"code", "message"}}`. The OpenAPI document at
+//! is `{"error": {"code", "message"}}`. Before any route runs, the browser guard
+//! ([`browser`]) refuses DNS-rebinding `Host`s, cross-site requests and non-JSON bodies. The OpenAPI document at
 //! `/openapi.json` is generated from the handlers' annotations by
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
+mod browser;
 mod error;
 mod health;
 mod leases;
@@ -86,6 +88,11 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
         metrics,
     };
     let max_body = engine.config().max_request_bytes;
+    let browser = Arc::new(browser::BrowserGuard::new(
+        engine.config().listens_on_loopback(),
+        &engine.config().allowed_hosts,
+        &engine.config().allowed_origins,
+    ));
     let tokens: Arc<Vec<String>> = Arc::new(engine.config().api_tokens.clone());
     let (v1_router, v1_doc) = v1().split_for_parts();
     let v1_router = v1_router.layer(axum::middleware::from_fn(
@@ -124,6 +131,9 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| browser::guard(browser.clone(), req, next),
+        ))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }
