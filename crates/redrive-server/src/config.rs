@@ -100,6 +100,12 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// Largest request body, in bytes.
     pub max_request_bytes: usize,
+    /// Largest lease answer or search page, in bytes (fewer messages rather than more bytes).
+    pub max_response_bytes: usize,
+    /// Largest `headers` of one message, in bytes of their JSON text.
+    pub max_header_bytes: usize,
+    /// Longest error message (nack, `failed`) or kill reason, in bytes; longer ones are cut.
+    pub max_error_message_bytes: usize,
     /// Most messages in one batch publish, batch ack/nack or lease.
     pub max_batch: usize,
     /// Longest `wait` a lease request may long-poll.
@@ -132,6 +138,9 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             max_payload_bytes: 1 << 20,
             max_request_bytes: 16 << 20,
+            max_response_bytes: 64 << 20,
+            max_header_bytes: 16 << 10,
+            max_error_message_bytes: 4 << 10,
             max_batch: 1_000,
             max_wait: DurationMs(30_000),
             max_lease: DurationMs(12 * 3_600_000),
@@ -144,6 +153,9 @@ impl Default for Config {
         }
     }
 }
+
+/// The smallest `max_error_message_bytes`: room for the truncation marker and some text.
+pub const MIN_ERROR_MESSAGE_BYTES: usize = 128;
 
 /// The built-in default lease when neither the request nor the queue sets one.
 pub const DEFAULT_LEASE_MS: u64 = 30_000;
@@ -159,6 +171,9 @@ const ENV_KEYS: &[&str] = &[
     "allowed_origins",
     "max_payload_bytes",
     "max_request_bytes",
+    "max_response_bytes",
+    "max_header_bytes",
+    "max_error_message_bytes",
     "max_batch",
     "max_wait",
     "max_lease",
@@ -270,6 +285,23 @@ impl Config {
             return val(
                 "max_request_bytes",
                 "must be at least max_payload_bytes (and both above 0)",
+            );
+        }
+        if self.max_error_message_bytes < MIN_ERROR_MESSAGE_BYTES {
+            return val(
+                "max_error_message_bytes",
+                &format!("must be at least {MIN_ERROR_MESSAGE_BYTES}"),
+            );
+        }
+        let bound = crate::api::message_bound_bytes(self);
+        if self.max_response_bytes < bound {
+            return val(
+                "max_response_bytes",
+                &format!(
+                    "must be at least {bound}: one message of max_payload_bytes with \
+                     max_header_bytes of headers and max_error_message_bytes of error text \
+                     must fit in an answer"
+                ),
             );
         }
         if self.max_lease.ms() == 0 {

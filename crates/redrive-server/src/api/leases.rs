@@ -1,8 +1,11 @@
 //! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
 
+use super::limits::{fitting, message_bound_bytes, JsonArray};
 use super::messages::failure;
 use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
+use crate::Config;
 use axum::extract::{Path, State};
+use axum::response::Response;
 use axum::Json;
 use redrive_core::{ErrorClass, Failure, LastError, Message, Timestamp};
 use redrive_storage::{LeaseRef, Nack, StoreError};
@@ -60,7 +63,9 @@ pub struct LeaseResponse {
     pub messages: Vec<LeasedMessage>,
 }
 
-/// Lease ready messages, optionally long-polling.
+/// Lease ready messages, optionally long-polling. The answer stays under
+/// `max_response_bytes`: fewer than `max` messages (at least one when any is ready) rather
+/// than more bytes.
 #[utoipa::path(post, path = "/v1/queues/{queue}/leases", tag = "leases",
     params(("queue" = String, Path, description = "Queue name")),
     request_body(content = LeaseBody, description = "Optional"),
@@ -69,7 +74,7 @@ pub async fn lease(
     State(s): State<AppState>,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<LeaseBody>,
-) -> Result<Json<LeaseResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     queue_name(&queue)?;
     let cfg = s.engine.config();
     let max = body.max.unwrap_or(1);
@@ -108,24 +113,51 @@ pub async fn lease(
         }
         None => 0,
     };
-    let leased = s.engine.lease(&queue, max, lease_ms, wait_ms).await?;
-    let messages = leased
-        .into_iter()
-        .map(|l| LeasedMessage {
-            id: l.message.id.to_string(),
-            lease: l.token,
-            attempt: l.attempt,
-            payload: l.message.payload,
-            headers: l.message.headers,
-            key: l.message.key,
-            queue: l.message.queue,
-            priority: l.message.priority,
-            created_at: l.message.created_at.to_rfc3339(),
-            lease_expires_at: l.expires_at.to_rfc3339(),
-            last_error: l.message.last_error,
-        })
-        .collect();
-    Ok(Json(LeaseResponse { messages }))
+    // Ask for as many messages as surely fit in what is left of `max_response_bytes`, and
+    // again while room is left (see `limits`): fewer than `max` rather than a larger answer,
+    // and never a leased message that is not in the answer.
+    let bound = message_bound_bytes(cfg);
+    let mut out = JsonArray::new("{\"messages\":");
+    let mut wait = wait_ms;
+    loop {
+        let want = (max as usize - out.count()).min(fitting(
+            cfg.max_response_bytes.saturating_sub(out.bytes()),
+            bound,
+        ));
+        if want == 0 {
+            break;
+        }
+        let leased = match s.engine.lease(&queue, want as u32, lease_ms, wait).await {
+            Ok(l) => l,
+            Err(e) if out.count() == 0 => return Err(e.into()),
+            Err(e) => {
+                // The messages leased so far are answered; their consumer holds the leases.
+                tracing::warn!(error = %e, "a follow-up lease failed; answering what was leased");
+                break;
+            }
+        };
+        let got = leased.len();
+        for l in leased {
+            out.push(&LeasedMessage {
+                id: l.message.id.to_string(),
+                lease: l.token,
+                attempt: l.attempt,
+                payload: l.message.payload,
+                headers: l.message.headers,
+                key: l.message.key,
+                queue: l.message.queue,
+                priority: l.message.priority,
+                created_at: l.message.created_at.to_rfc3339(),
+                lease_expires_at: l.expires_at.to_rfc3339(),
+                last_error: l.message.last_error,
+            })?;
+        }
+        if got < want {
+            break; // nothing more is ready
+        }
+        wait = 0; // only the first request long-polls
+    }
+    Ok(out.finish("}"))
 }
 
 /// An ack.
@@ -142,7 +174,7 @@ pub struct AckBody {
 pub struct NackError {
     /// `transient`, `rate_limited` or `permanent`.
     pub class: String,
-    /// What went wrong.
+    /// What went wrong (cut to `max_error_message_bytes`, saying so).
     pub message: Option<String>,
     /// For `rate_limited`: earliest retry, e.g. `"10s"` (bounded by the policy's `max_retry_after`).
     pub retry_after: Option<String>,
@@ -168,9 +200,15 @@ pub struct ExtendBody {
     pub by: String,
 }
 
-fn nack_failure(field: &str, e: Option<&NackError>) -> Result<Failure, ApiError> {
+fn nack_failure(field: &str, e: Option<&NackError>, cfg: &Config) -> Result<Failure, ApiError> {
     match e {
-        Some(e) => failure(field, &e.class, e.message.clone(), e.retry_after.as_deref()),
+        Some(e) => failure(
+            field,
+            &e.class,
+            e.message.clone(),
+            e.retry_after.as_deref(),
+            cfg,
+        ),
         None => Ok(Failure {
             class: ErrorClass::Transient,
             message: None,
@@ -227,7 +265,7 @@ pub async fn nack(
     ApiJson(body): ApiJson<NackBody>,
 ) -> Result<Json<Message>, ApiError> {
     let id = message_id(&id)?;
-    let failure = nack_failure("error", body.error.as_ref())?;
+    let failure = nack_failure("error", body.error.as_ref(), s.engine.config())?;
     let out = s
         .engine
         .nack(vec![Nack {
@@ -442,7 +480,11 @@ pub async fn nack_batch(
         .enumerate()
         .map(|(n, i)| {
             let parsed = message_id(&i.id).and_then(|id| {
-                let failure = nack_failure(&format!("items[{n}].error"), i.error.as_ref())?;
+                let failure = nack_failure(
+                    &format!("items[{n}].error"),
+                    i.error.as_ref(),
+                    s.engine.config(),
+                )?;
                 Ok(Nack {
                     lease: LeaseRef { id, token: i.lease },
                     failure,

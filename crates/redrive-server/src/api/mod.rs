@@ -13,10 +13,12 @@ mod browser;
 mod error;
 mod health;
 mod leases;
+mod limits;
 mod messages;
 mod queues;
 
 pub use error::{ApiError, ErrorBody};
+pub use limits::message_bound_bytes;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;

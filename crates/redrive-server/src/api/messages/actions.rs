@@ -1,6 +1,7 @@
 //! Operator actions on one message: `GET`/`DELETE /v1/messages/{id}`,
 //! `POST /v1/messages/{id}/redrive` and `/kill`.
 
+use crate::api::limits::truncate_opt;
 use crate::api::{message_id, ApiError, ApiJson, AppState, ErrorBody};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -62,7 +63,7 @@ pub async fn redrive(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KillBody {
-    /// Why, for the history.
+    /// Why, for the history (cut to `max_error_message_bytes`, saying so).
     pub reason: Option<String>,
 }
 
@@ -79,5 +80,6 @@ pub async fn kill(
     ApiJson(body): ApiJson<KillBody>,
 ) -> Result<Json<Message>, ApiError> {
     let id = message_id(&id)?;
-    Ok(Json(s.engine.kill(id, body.reason).await?))
+    let reason = truncate_opt(body.reason, s.engine.config().max_error_message_bytes);
+    Ok(Json(s.engine.kill(id, reason).await?))
 }

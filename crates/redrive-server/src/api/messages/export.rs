@@ -2,6 +2,7 @@
 //! CSV or JSON lines.
 
 use super::search::{filter_of, query, SearchQuery};
+use crate::api::limits::{fitting, message_bound_bytes};
 use crate::api::{ApiError, AppState, ErrorBody};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
@@ -10,7 +11,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use redrive_core::{Message, Timestamp};
 
-/// Rows fetched per store call while streaming an export.
+/// Rows fetched per store call while streaming an export (fewer when `max_response_bytes`
+/// would not hold that many of the largest possible messages).
 const EXPORT_CHUNK: u32 = 500;
 
 const CSV_COLUMNS: &str = "id,queue,state,priority,attempts,key,idempotency_key,created_at,updated_at,due_at,finished_at,dead_reason,error_class,last_error,headers,payload\n";
@@ -89,6 +91,13 @@ pub async fn export(
         }
     };
     let store = s.engine.store().clone();
+    // At most one answer's worth of rows in memory at a time (see `limits`).
+    let rows_per_chunk = (EXPORT_CHUNK as usize)
+        .min(fitting(
+            s.engine.config().max_response_bytes,
+            message_bound_bytes(s.engine.config()),
+        ))
+        .max(1) as u32;
     struct Cursor {
         next: Option<String>,
         first: bool,
@@ -111,7 +120,7 @@ pub async fn export(
                 chunk.push_str(CSV_COLUMNS);
             }
             c.first = false;
-            match store.search(filter, EXPORT_CHUNK, c.next.take()).await {
+            match store.search(filter, rows_per_chunk, c.next.take()).await {
                 Ok(page) => {
                     for m in &page.messages {
                         if csv {

@@ -15,7 +15,9 @@ pub use export::{__path_export, export};
 pub use publish::{__path_publish, publish};
 pub use search::{__path_search, search};
 
+use super::limits::truncate_opt;
 use super::{duration_field, ApiError};
+use crate::Config;
 use redrive_core::{ErrorClass, Failure};
 
 /// Parse a failure class.
@@ -28,12 +30,14 @@ pub fn error_class(field: &str, raw: &str) -> Result<ErrorClass, ApiError> {
     })
 }
 
-/// A failure from its API form; `field` prefixes error messages.
+/// A failure from its API form; `field` prefixes error messages. A message longer than
+/// `max_error_message_bytes` is cut, saying so (see [`crate::api::limits`]).
 pub fn failure(
     field: &str,
     class: &str,
     message: Option<String>,
     retry_after: Option<&str>,
+    cfg: &Config,
 ) -> Result<Failure, ApiError> {
     let class = error_class(&format!("{field}.class"), class)?;
     let retry_after_ms = match retry_after {
@@ -42,7 +46,7 @@ pub fn failure(
     };
     Ok(Failure {
         class,
-        message,
+        message: truncate_opt(message, cfg.max_error_message_bytes),
         retry_after_ms,
         code: None,
     })

@@ -1,6 +1,7 @@
 //! `POST /v1/queues/{queue}/messages`: publish one message or a batch (all or nothing).
 
 use super::failure;
+use crate::api::limits::{check_headers, MAX_KEY_BYTES};
 use crate::api::{
     duration_field, from_value, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
 };
@@ -12,9 +13,6 @@ use redrive_core::{Message, NewMessage, Timestamp};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
-
-/// Longest ordering key or idempotency key, bytes.
-const MAX_KEY_BYTES: usize = 512;
 
 /// A failure seen elsewhere, reported at publish (S1).
 #[derive(Debug, Deserialize, ToSchema)]
@@ -143,13 +141,16 @@ fn parse_item(
             &f.class,
             f.message.clone(),
             f.retry_after.as_deref(),
+            s.engine.config(),
         )?),
         None => None,
     };
+    let headers = item.headers.unwrap_or_default();
+    check_headers(&field("headers"), &headers, s.engine.config())?;
     Ok(NewMessage {
         queue: queue.to_owned(),
         payload,
-        headers: item.headers.unwrap_or_default(),
+        headers,
         key: item.key,
         idempotency_key: item.idempotency_key,
         priority,

@@ -2,10 +2,11 @@
 //! the export ([`super::export`]).
 
 use super::error_class;
+use crate::api::limits::{fitting, message_bound_bytes, JsonArray};
 use crate::api::{queue_name, timestamp_field, ApiError, AppState, ErrorBody};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::Json;
+use axum::response::Response;
 use redrive_core::{Message, State as MsgState};
 use redrive_storage::MessageFilter;
 use serde::{Deserialize, Serialize};
@@ -99,17 +100,19 @@ pub struct SearchPage {
     /// Messages, newest first, without history.
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Message>,
-    /// Pass as `cursor` for the next page; null at the end.
+    /// Pass as `cursor` for the next page; null at the end. A page may hold fewer than
+    /// `limit` messages and still have one (the page reached `max_response_bytes`).
     pub next_cursor: Option<String>,
 }
 
-/// Search messages, newest first, with a cursor.
+/// Search messages, newest first, with a cursor. A page stays under `max_response_bytes`:
+/// it may hold fewer than `limit` messages and still have a `next_cursor`.
 #[utoipa::path(get, path = "/v1/messages", tag = "messages", params(SearchQuery),
     responses((status = 200, body = SearchPage), (status = 400, description = "Bad filter, naming it", body = ErrorBody)))]
 pub async fn search(
     State(s): State<AppState>,
     q: Result<Query<SearchQuery>, QueryRejection>,
-) -> Result<Json<SearchPage>, ApiError> {
+) -> Result<Response, ApiError> {
     let q = query(q)?;
     if q.format.is_some() {
         return Err(ApiError::bad_request(
@@ -125,9 +128,34 @@ pub async fn search(
             format!("limit: {limit} is not in 1..={MAX_PAGE}"),
         ));
     }
-    let page = s.engine.store().search(filter, limit, q.cursor).await?;
-    Ok(Json(SearchPage {
-        messages: page.messages,
-        next_cursor: page.next_cursor,
-    }))
+    // Fetch as many messages as surely fit in what is left of `max_response_bytes`, and
+    // again while room is left (see `limits`): a page ends early, with a `next_cursor`,
+    // rather than grow past the budget.
+    let cfg = s.engine.config();
+    let bound = message_bound_bytes(cfg);
+    let mut out = JsonArray::new("{\"messages\":");
+    let mut cursor = q.cursor;
+    loop {
+        let want = (limit as usize - out.count()).min(fitting(
+            cfg.max_response_bytes.saturating_sub(out.bytes()),
+            bound,
+        ));
+        if want == 0 {
+            break;
+        }
+        let page = s
+            .engine
+            .store()
+            .search(filter.clone(), want as u32, cursor)
+            .await?;
+        for m in &page.messages {
+            out.push(m)?;
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let next = serde_json::to_string(&cursor).unwrap_or_else(|_| "null".to_owned());
+    Ok(out.finish(&format!(",\"next_cursor\":{next}}}")))
 }
