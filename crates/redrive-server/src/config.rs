@@ -112,6 +112,9 @@ pub struct Config {
     pub max_wait: DurationMs,
     /// Longest lease (and lease extension).
     pub max_lease: DurationMs,
+    /// Farthest ahead a publish may schedule a message (`delay`, `deliver_at`). Not the retry
+    /// policy's `max_delay`.
+    pub max_schedule_ahead: DurationMs,
     /// How long an idempotency key is remembered.
     pub idempotency_window: DurationMs,
     /// How long done messages are kept before they are purged.
@@ -144,6 +147,7 @@ impl Default for Config {
             max_batch: 1_000,
             max_wait: DurationMs(30_000),
             max_lease: DurationMs(12 * 3_600_000),
+            max_schedule_ahead: DurationMs(365 * 24 * 3_600_000),
             idempotency_window: DurationMs(24 * 3_600_000),
             done_retention: DurationMs(24 * 3_600_000),
             purge_interval: DurationMs(60_000),
@@ -153,6 +157,10 @@ impl Default for Config {
         }
     }
 }
+
+/// The largest `max_schedule_ahead`: 100 years (36,525 days), so that now + it stays
+/// well before year 9999, the last a due time can be written in RFC 3339.
+pub const MAX_SCHEDULE_AHEAD_CEILING_MS: u64 = 36_525 * 24 * 3_600_000;
 
 /// The smallest `max_error_message_bytes`: room for the truncation marker and some text.
 pub const MIN_ERROR_MESSAGE_BYTES: usize = 128;
@@ -177,6 +185,7 @@ const ENV_KEYS: &[&str] = &[
     "max_batch",
     "max_wait",
     "max_lease",
+    "max_schedule_ahead",
     "idempotency_window",
     "done_retention",
     "purge_interval",
@@ -302,6 +311,12 @@ impl Config {
                      max_header_bytes of headers and max_error_message_bytes of error text \
                      must fit in an answer"
                 ),
+            );
+        }
+        if self.max_schedule_ahead.ms() > MAX_SCHEDULE_AHEAD_CEILING_MS {
+            return val(
+                "max_schedule_ahead",
+                "must be at most 100 years (a due time must stay a 4-digit-year RFC 3339 time)",
             );
         }
         if self.max_lease.ms() == 0 {

@@ -247,3 +247,79 @@ async fn max_response_bytes_below_one_message_is_refused_at_start() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn schedule_beyond_max_schedule_ahead_is_400_naming_the_field_and_nothing_is_published() {
+    let s = TestServer::start("max_schedule_ahead = \"30d\"").await;
+    let cases = [
+        (
+            json!({"payload": 1, "delay": "31d"}),
+            "invalid_duration",
+            "delay",
+        ),
+        (
+            json!({"payload": 1, "delay": "100000y"}),
+            "invalid_duration",
+            "delay",
+        ),
+        (
+            json!({"payload": 1, "deliver_at": "2999-01-01T00:00:00Z"}),
+            "invalid_timestamp",
+            "deliver_at",
+        ),
+        (
+            json!({"payload": 1, "deliver_at": "9999-12-31T23:59:59Z"}),
+            "invalid_timestamp",
+            "deliver_at",
+        ),
+        (
+            json!({"payload": 1, "deliver_at": "+10000-01-01T00:00:00Z"}),
+            "invalid_timestamp",
+            "deliver_at",
+        ),
+        (
+            json!({"messages": [{"payload": 1}, {"payload": 2, "delay": "365d"}]}),
+            "invalid_duration",
+            "messages[1].delay",
+        ),
+    ];
+    for (body, code, field) in cases {
+        let got = s.post("/v1/queues/later/messages", body.clone()).await;
+        assert_error_names(&got, 400, code, field);
+        if code == "invalid_duration" && !body.to_string().contains("100000y") {
+            assert_error_names(&got, 400, code, "max_schedule_ahead");
+        }
+    }
+    let (st, q) = s.get("/v1/queues").await;
+    assert_eq!(st, 200);
+    assert_eq!(q["queues"], json!([]), "nothing published: {q}");
+    // Within the limit: scheduled.
+    let m = s
+        .publish("later", json!({"payload": 1, "delay": "29d"}))
+        .await;
+    assert_eq!(m["state"], "scheduled", "{m}");
+    let soon = redrive_core::Timestamp::now().plus_ms(10 * 86_400_000);
+    let m = s
+        .publish(
+            "later",
+            json!({"payload": 2, "deliver_at": soon.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(m["state"], "scheduled", "{m}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn max_schedule_ahead_past_100_years_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "max_schedule_ahead = \"40000d\"").unwrap();
+    let e = redrive_server::Config::load(
+        Some(&path),
+        Vec::new(),
+        &redrive_server::Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("max_schedule_ahead"), "{e}");
+}

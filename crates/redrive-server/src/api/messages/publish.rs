@@ -41,9 +41,9 @@ pub struct PublishItem {
     pub idempotency_key: Option<String>,
     /// 0–9, higher first. Default 0.
     pub priority: Option<i64>,
-    /// Deliver after this delay, e.g. `"30s"`.
+    /// Deliver after this delay, e.g. `"30s"` (at most `max_schedule_ahead`).
     pub delay: Option<String>,
-    /// Deliver at this RFC 3339 time.
+    /// Deliver at this RFC 3339 time (at most `max_schedule_ahead` from now).
     pub deliver_at: Option<String>,
     /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
     pub failed: Option<FailedReport>,
@@ -120,6 +120,10 @@ fn parse_item(
             }
         }
     }
+    // A schedule beyond `max_schedule_ahead` is refused (issue 5, defect 12): a typo such as
+    // "3000d" would otherwise park a message for years, and past year 9999 a due time no
+    // longer renders as RFC 3339.
+    let max_ahead = s.engine.config().max_schedule_ahead;
     let deliver_at = match (&item.delay, &item.deliver_at) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
@@ -131,8 +135,32 @@ fn parse_item(
                 ),
             ))
         }
-        (Some(d), None) => Some(now.plus_ms(duration_field(&field("delay"), d)?)),
-        (None, Some(t)) => Some(timestamp_field(&field("deliver_at"), t)?),
+        (Some(d), None) => {
+            let ms = duration_field(&field("delay"), d)?;
+            if ms > max_ahead.ms() {
+                return Err(ApiError::bad_request(
+                    "invalid_duration",
+                    format!(
+                        "{}: {d} is beyond {max_ahead} (max_schedule_ahead)",
+                        field("delay")
+                    ),
+                ));
+            }
+            Some(now.plus_ms(ms))
+        }
+        (None, Some(t)) => {
+            let at = timestamp_field(&field("deliver_at"), t)?;
+            if at > now.plus_ms(max_ahead.ms()) {
+                return Err(ApiError::bad_request(
+                    "invalid_timestamp",
+                    format!(
+                        "{}: {t} is more than {max_ahead} ahead (max_schedule_ahead)",
+                        field("deliver_at")
+                    ),
+                ));
+            }
+            Some(at)
+        }
         (None, None) => None,
     };
     let failed = match &item.failed {
