@@ -1,5 +1,6 @@
 //! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
 
+use super::contract::Ranges;
 use super::limits::{fitting, message_bound_bytes, JsonArray};
 use super::messages::failure;
 use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
@@ -18,7 +19,9 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
     /// At most this many messages (default 1, at most `max_batch`).
-    pub max: Option<u32>,
+    #[serde(default, deserialize_with = "super::contract::opt_integral")]
+    #[schema(value_type = Option<u32>)]
+    pub max: Option<i64>,
     /// Lease length (default: the queue's `lease`, else 30s; at most `max_lease`).
     pub lease: Option<String>,
     /// Long-poll up to this long when nothing is ready (default 0s, at most `max_wait`).
@@ -78,39 +81,22 @@ pub async fn lease(
     queue_name(&queue)?;
     let cfg = s.engine.config();
     let max = body.max.unwrap_or(1);
-    if max == 0 || max as usize > cfg.max_batch {
-        return Err(ApiError::bad_request(
-            "invalid_max",
-            format!("max: {max} is not in 1..={} (max_batch)", cfg.max_batch),
-        ));
-    }
-    let lease_ms = match &body.lease {
-        Some(l) => {
-            let ms = duration_field("lease", l)?;
-            if ms == 0 || ms > cfg.max_lease.ms() {
-                return Err(ApiError::bad_request(
-                    "invalid_duration",
-                    format!(
-                        "lease: must be above 0s and at most {} (max_lease)",
-                        cfg.max_lease
-                    ),
-                ));
-            }
-            Some(ms)
+    let max = match u32::try_from(max) {
+        Ok(m) if m >= 1 && m as usize <= cfg.max_batch => m,
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_max",
+                format!("max: {max} is not in 1..={} (max_batch)", cfg.max_batch),
+            ))
         }
+    };
+    let ranges = Ranges::of(cfg);
+    let lease_ms = match &body.lease {
+        Some(l) => Some(duration_field("lease", l, ranges.lease)?),
         None => None,
     };
     let wait_ms = match &body.wait {
-        Some(w) => {
-            let ms = duration_field("wait", w)?;
-            if ms > cfg.max_wait.ms() {
-                return Err(ApiError::bad_request(
-                    "invalid_duration",
-                    format!("wait: at most {} (max_wait)", cfg.max_wait),
-                ));
-            }
-            ms
-        }
+        Some(w) => duration_field("wait", w, ranges.wait)?,
         None => 0,
     };
     // Ask for as many messages as surely fit in what is left of `max_response_bytes`, and
@@ -300,14 +286,7 @@ pub async fn extend(
     ApiJson(body): ApiJson<ExtendBody>,
 ) -> Result<Json<Extended>, ApiError> {
     let id = message_id(&id)?;
-    let by = duration_field("by", &body.by)?;
-    let max = s.engine.config().max_lease;
-    if by == 0 || by > max.ms() {
-        return Err(ApiError::bad_request(
-            "invalid_duration",
-            format!("by: must be above 0s and at most {max} (max_lease)"),
-        ));
-    }
+    let by = duration_field("by", &body.by, Ranges::of(s.engine.config()).extend_by)?;
     let at: Timestamp = s
         .engine
         .extend(

@@ -26,8 +26,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use std::collections::BTreeMap;
 
-/// Longest ordering key or idempotency key, bytes.
-pub const MAX_KEY_BYTES: usize = 512;
+/// Longest ordering key or idempotency key, in characters (what JSON Schema's `maxLength`
+/// counts, so the OpenAPI document can state it exactly).
+pub const MAX_KEY_CHARS: usize = 512;
 
 /// Worst-case growth of a string when written as JSON: a control character becomes
 /// `\u00XX`, 6 bytes for 1.
@@ -47,7 +48,7 @@ pub fn message_bound_bytes(cfg: &Config) -> usize {
     cfg.max_payload_bytes
         .saturating_add(cfg.max_header_bytes)
         .saturating_add(JSON_ESCAPE_FACTOR.saturating_mul(cfg.max_error_message_bytes))
-        .saturating_add(JSON_ESCAPE_FACTOR * 2 * MAX_KEY_BYTES)
+        .saturating_add(JSON_ESCAPE_FACTOR * 2 * MAX_KEY_CHARS)
         .saturating_add(MESSAGE_OVERHEAD_BYTES)
 }
 

@@ -10,6 +10,7 @@
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
 mod browser;
+mod contract;
 mod error;
 mod health;
 mod leases;
@@ -27,7 +28,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use redrive_core::{parse_duration_ms, MessageId, Timestamp};
+use redrive_core::{MessageId, Timestamp};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use utoipa::OpenApi;
@@ -52,7 +53,7 @@ pub struct AppState {
         (name = "queues", description = "Queue counts and policies"),
         (name = "ops", description = "Health, readiness, metrics")
     ),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody, messages::PublishBatch))
 )]
 struct ApiDoc;
 
@@ -108,7 +109,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>) -> axum::Router {
     let mut doc = ApiDoc::openapi();
     doc.merge(v1_doc);
     doc.merge(ops_doc);
-    let doc_json = Arc::new(doc.to_json().unwrap_or_else(|_| "{}".to_owned()));
+    let doc_json = Arc::new(contract::document(engine.config(), &doc));
     axum::Router::new()
         .merge(v1_router)
         .merge(ops)
@@ -273,22 +274,45 @@ async fn json_errors(resp: Response) -> Response {
     ApiError::new(status, code, message).into_response()
 }
 
-/// Parse a duration field, naming it on error.
-pub fn duration_field(field: &str, value: &str) -> Result<u64, ApiError> {
-    parse_duration_ms(value)
-        .map_err(|e| ApiError::bad_request("invalid_duration", format!("{field}: {e}")))
+/// Parse a duration field (see [`contract`] for the grammar) within `range`, naming it on error.
+pub fn duration_field(
+    field: &str,
+    value: &str,
+    range: contract::DurationRange,
+) -> Result<u64, ApiError> {
+    contract::duration_in(field, value, range)
 }
 
-/// Parse a timestamp field, naming it on error.
+/// Parse a timestamp field (RFC 3339, see [`contract`]), naming it on error.
 pub fn timestamp_field(field: &str, value: &str) -> Result<Timestamp, ApiError> {
-    Timestamp::parse(value)
-        .map_err(|e| ApiError::bad_request("invalid_timestamp", format!("{field}: {e}")))
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_timestamp",
+            format!("{field}: {value:?} is not an RFC 3339 time such as \"2026-01-31T12:00:00Z\""),
+        )
+    };
+    if !contract::timestamp_shape_ok(value) {
+        return Err(bad());
+    }
+    Timestamp::parse(value).map_err(|_| bad())
 }
 
-/// Parse a message id from the path.
+/// Parse a message id from the path: a hyphenated UUID, as ids are printed.
 pub fn message_id(raw: &str) -> Result<MessageId, ApiError> {
-    raw.parse()
-        .map_err(|e: redrive_core::IdError| ApiError::bad_request("invalid_id", e.to_string()))
+    let hyphenated = raw.len() == 36
+        && raw.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    let parsed = if hyphenated { raw.parse().ok() } else { None };
+    parsed.ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_id",
+            format!(
+                "{raw:?} is not a message id (a UUID such as 0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f)"
+            ),
+        )
+    })
 }
 
 /// Check a queue name from the path.

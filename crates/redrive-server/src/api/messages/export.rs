@@ -94,6 +94,12 @@ pub async fn export(
     q: Result<Query<SearchQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
+    if q.limit.is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "limit: only for /v1/messages (an export has no pages)",
+        ));
+    }
     let filter = filter_of(&q)?;
     let csv = match q.format.as_deref().unwrap_or("csv") {
         "csv" => true,

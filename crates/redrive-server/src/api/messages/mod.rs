@@ -12,9 +12,10 @@ pub use actions::{
     __path_delete, __path_get, __path_kill, __path_redrive, delete, get, kill, redrive,
 };
 pub use export::{__path_export, export};
-pub use publish::{__path_publish, publish};
-pub use search::{__path_search, search};
+pub use publish::{__path_publish, publish, PublishBatch};
+pub use search::{__path_search, search, CURSOR_PATTERN, MAX_PAGE};
 
+use super::contract::Ranges;
 use super::limits::truncate_opt;
 use super::{duration_field, ApiError};
 use crate::Config;
@@ -41,7 +42,11 @@ pub fn failure(
 ) -> Result<Failure, ApiError> {
     let class = error_class(&format!("{field}.class"), class)?;
     let retry_after_ms = match retry_after {
-        Some(r) => Some(duration_field(&format!("{field}.retry_after"), r)?),
+        Some(r) => Some(duration_field(
+            &format!("{field}.retry_after"),
+            r,
+            Ranges::of(cfg).ahead,
+        )?),
         None => None,
     };
     Ok(Failure {

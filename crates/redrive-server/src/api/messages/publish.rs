@@ -1,7 +1,8 @@
 //! `POST /v1/queues/{queue}/messages`: publish one message or a batch (all or nothing).
 
 use super::failure;
-use crate::api::limits::{check_headers, MAX_KEY_BYTES};
+use crate::api::contract::Ranges;
+use crate::api::limits::{check_headers, MAX_KEY_CHARS};
 use crate::api::{
     duration_field, from_value, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
 };
@@ -40,6 +41,7 @@ pub struct PublishItem {
     /// Idempotency key (per queue, within the idempotency window).
     pub idempotency_key: Option<String>,
     /// 0–9, higher first. Default 0.
+    #[serde(default, deserialize_with = "crate::api::contract::opt_integral")]
     pub priority: Option<i64>,
     /// Deliver after this delay, e.g. `"30s"` (at most `max_schedule_ahead`).
     pub delay: Option<String>,
@@ -112,10 +114,10 @@ fn parse_item(
         ("idempotency_key", &item.idempotency_key),
     ] {
         if let Some(v) = v {
-            if v.is_empty() || v.len() > MAX_KEY_BYTES {
+            if v.is_empty() || v.chars().count() > MAX_KEY_CHARS {
                 return Err(ApiError::bad_request(
                     "invalid_key",
-                    format!("{}: must have 1 to {MAX_KEY_BYTES} bytes", field(name)),
+                    format!("{}: must have 1 to {MAX_KEY_CHARS} characters", field(name)),
                 ));
             }
         }
@@ -136,16 +138,7 @@ fn parse_item(
             ))
         }
         (Some(d), None) => {
-            let ms = duration_field(&field("delay"), d)?;
-            if ms > max_ahead.ms() {
-                return Err(ApiError::bad_request(
-                    "invalid_duration",
-                    format!(
-                        "{}: {d} is beyond {max_ahead} (max_schedule_ahead)",
-                        field("delay")
-                    ),
-                ));
-            }
+            let ms = duration_field(&field("delay"), d, Ranges::of(s.engine.config()).ahead)?;
             Some(now.plus_ms(ms))
         }
         (None, Some(t)) => {

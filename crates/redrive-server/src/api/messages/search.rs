@@ -12,9 +12,13 @@ use redrive_storage::MessageFilter;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-/// Default and largest page of a search.
+/// Default page of a search.
 const DEFAULT_PAGE: u32 = 100;
-const MAX_PAGE: u32 = 1_000;
+/// Largest page of a search (fewer when `max_response_bytes` is reached first).
+pub const MAX_PAGE: u32 = 1_000;
+/// A cursor as the store writes it in `next_cursor` (a row number); anything else is a 400
+/// `invalid_cursor`. Stated in the OpenAPI document: it must follow the store's encoding.
+pub const CURSOR_PATTERN: &str = "^[0-9]{1,18}$";
 
 /// Search filters (all optional, ANDed).
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
@@ -61,7 +65,7 @@ pub(super) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
         None => None,
     };
     if let Some(c) = &q.cursor {
-        if c.parse::<i64>().is_err() {
+        if c.is_empty() || c.len() > 18 || !c.bytes().all(|b| b.is_ascii_digit()) {
             return Err(ApiError::bad_request(
                 "invalid_cursor",
                 format!("cursor: {c:?} is not a cursor from next_cursor"),
