@@ -244,6 +244,58 @@ fn year_of(t: Timestamp) -> u32 {
         .unwrap_or(9999)
 }
 
+/// A message's last error, as answered.
+fn last_error_schema(class_enum: &Value) -> Value {
+    json!({
+        "type": "object",
+        "description": "The most recent failure.",
+        "required": ["class", "at"],
+        "properties": {
+            "class": {"type": "string", "enum": class_enum},
+            "message": {"type": "string", "description": "Free text from the consumer (cut to max_error_message_bytes)."},
+            "code": {"type": "string", "description": "A code set by redrive itself, e.g. lease_expired."},
+            "at": {"type": "string", "format": "date-time"}
+        }
+    })
+}
+
+/// A message, as answered by publish, get, ack, nack, redrive, kill, delete and search.
+fn message_schema(state_enum: &Value) -> Value {
+    let ts = json!({"type": "string", "format": "date-time"});
+    json!({
+        "type": "object",
+        "description": "A message. `history` only on GET /v1/messages/{id} (and when not empty).",
+        "required": ["id", "queue", "state", "payload", "headers", "priority", "attempts",
+                     "created_at", "updated_at"],
+        "properties": {
+            "id": {"type": "string", "pattern": UUID_PATTERN},
+            "queue": {"type": "string", "pattern": QUEUE_PATTERN},
+            "state": {"type": "string", "enum": state_enum},
+            "payload": {"description": "Any JSON value."},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "key": {"type": "string"},
+            "idempotency_key": {"type": "string"},
+            "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+            "attempts": {"type": "integer", "minimum": 0},
+            "due_at": ts,
+            "lease_expires_at": ts,
+            "created_at": ts,
+            "updated_at": ts,
+            "finished_at": ts,
+            "dead_reason": {"type": "string", "description": "max_attempts, max_age, permanent_error, killed …"},
+            "last_error": {"$ref": "#/components/schemas/LastError"},
+            "history": {"type": "array", "items": {
+                "type": "object", "required": ["attempt", "at", "event"],
+                "properties": {
+                    "attempt": {"type": "integer", "minimum": 0},
+                    "at": ts,
+                    "event": {"type": "string"}
+                }
+            }}
+        }
+    })
+}
+
 /// Deserialize an optional integer field the way JSON Schema counts integers: `60` and
 /// `60.0` alike (a float with no fraction is an integer there); out-of-range values
 /// saturate, so the handler's range check names the field.
@@ -427,12 +479,35 @@ fn patch(cfg: &Config, v: &mut Value) {
             json!({"type": "array", "items": {"$ref": "#/components/schemas/BatchItem"},
                    "minItems": 1, "maxItems": max_batch, "description": desc(p)})
         });
-        // Answers.
+        // Answers: the message as every route shows it. Open to new fields (a later version
+        // may add some); the ones listed are always as stated.
+        if let Some(obj) = schemas.as_object_mut() {
+            obj.insert("LastError".to_owned(), last_error_schema(&class_enum));
+            obj.insert("Message".to_owned(), message_schema(&state_enum));
+        }
         set_prop(
             schemas,
             "LeasedMessage",
             "payload",
             |p| json!({"description": desc(p)}),
+        );
+        set_prop(
+            schemas,
+            "LeasedMessage",
+            "last_error",
+            |p| json!({"$ref": "#/components/schemas/LastError", "description": desc(p)}),
+        );
+        set_prop(
+            schemas,
+            "SearchPage",
+            "messages",
+            |p| json!({"type": "array", "items": {"$ref": "#/components/schemas/Message"}, "description": desc(p)}),
+        );
+        set_prop(
+            schemas,
+            "BatchResult",
+            "message",
+            |p| json!({"$ref": "#/components/schemas/Message", "description": desc(p)}),
         );
     }
 
@@ -536,6 +611,43 @@ fn patch(cfg: &Config, v: &mut Value) {
         }
     }
     // Answers the handlers describe in words: bodies and content types.
+    let message = json!({"$ref": "#/components/schemas/Message"});
+    let json_body = |schema: Value| json!({"application/json": {"schema": schema}});
+    for (path, method, status, schema) in [
+        ("/v1/messages/{id}", "get", "200", message.clone()),
+        ("/v1/messages/{id}/redrive", "post", "200", message.clone()),
+        ("/v1/messages/{id}/kill", "post", "200", message.clone()),
+        ("/v1/messages/{id}/ack", "post", "200", message.clone()),
+        ("/v1/messages/{id}/nack", "post", "200", message.clone()),
+        (
+            "/v1/messages/{id}",
+            "delete",
+            "200",
+            json!({"type": "object", "required": ["deleted", "message"],
+                   "properties": {"deleted": {"const": true}, "message": message}}),
+        ),
+    ]
+    .into_iter()
+    .chain(["200", "201"].into_iter().map(|status| {
+        (
+            "/v1/queues/{queue}/messages",
+            "post",
+            status,
+            json!({"oneOf": [
+                message.clone(),
+                {"type": "object", "required": ["messages"],
+                 "properties": {"messages": {"type": "array", "items": message.clone()}}}
+            ]}),
+        )
+    })) {
+        let ptr = format!(
+            "/paths/{}/{method}/responses/{status}",
+            path.replace('/', "~1")
+        );
+        if let Some(r) = v.pointer_mut(&ptr) {
+            r["content"] = json_body(schema);
+        }
+    }
     if let Some(c) = v.pointer_mut("/paths/~1v1~1messages~1export/get/responses/200/content") {
         *c = json!({
             "text/csv": {"schema": {"type": "string"}},
