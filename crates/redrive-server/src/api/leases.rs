@@ -337,6 +337,10 @@ pub struct BatchResult {
     /// The error, on failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<super::error::ErrorDetail>,
+    /// True when `message` was left out to keep the answer under `max_response_bytes`
+    /// (the transition happened all the same: see `status`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub message_omitted: bool,
 }
 
 /// Answers of a batch, one per item in order.
@@ -367,12 +371,14 @@ fn item_result(id: String, r: Result<Message, ApiError>) -> BatchResult {
             status: 200,
             message: Some(m),
             error: None,
+            message_omitted: false,
         },
         Err(e) => BatchResult {
             id,
             status: e.status.as_u16(),
             message: None,
             error: Some(e.body().error),
+            message_omitted: false,
         },
     }
 }
@@ -380,8 +386,9 @@ fn item_result(id: String, r: Result<Message, ApiError>) -> BatchResult {
 /// Run a batch: items whose id does not parse get their own 400; the rest go to the store.
 async fn run_batch<T, F, Fut>(
     items: Vec<(String, Result<T, ApiError>)>,
+    max_response_bytes: usize,
     call: F,
-) -> Result<Json<BatchResponse>, ApiError>
+) -> Result<Response, ApiError>
 where
     F: FnOnce(Vec<T>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Result<Message, StoreError>>, StoreError>>,
@@ -400,10 +407,10 @@ where
         }
     }
     let mut results = call(valid).await?.into_iter();
-    let items = ids
-        .into_iter()
-        .zip(slots)
-        .map(|(id, slot)| match slot {
+    // Every item is answered; past `max_response_bytes`, without its message (see `limits`).
+    let mut out = JsonArray::new("{\"items\":");
+    for (id, slot) in ids.into_iter().zip(slots) {
+        let mut item = match slot {
             Some(e) => item_result(id, Err(e)),
             None => {
                 let r = results
@@ -412,9 +419,14 @@ where
                     .map_err(ApiError::from);
                 item_result(id, r)
             }
-        })
-        .collect();
-    Ok(Json(BatchResponse { items }))
+        };
+        if !out.push_within(&item, max_response_bytes)? {
+            item.message = None;
+            item.message_omitted = true;
+            out.push(&item)?;
+        }
+    }
+    Ok(out.finish("}"))
 }
 
 /// Ack many leases; each item answered on its own.
@@ -423,7 +435,7 @@ where
 pub async fn ack_batch(
     State(s): State<AppState>,
     ApiJson(body): ApiJson<BatchBody>,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     check_batch(&s, &body)?;
     let items = body
         .items
@@ -434,14 +446,18 @@ pub async fn ack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(items, |refs| async move {
-        Ok(engine
-            .ack(refs)
-            .await?
-            .into_iter()
-            .map(|r| r.map(|a| a.message))
-            .collect())
-    })
+    run_batch(
+        items,
+        s.engine.config().max_response_bytes,
+        |refs| async move {
+            Ok(engine
+                .ack(refs)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|a| a.message))
+                .collect())
+        },
+    )
     .await
 }
 
@@ -451,7 +467,7 @@ pub async fn ack_batch(
 pub async fn nack_batch(
     State(s): State<AppState>,
     ApiJson(body): ApiJson<BatchBody>,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     check_batch(&s, &body)?;
     let items = body
         .items
@@ -473,13 +489,17 @@ pub async fn nack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(items, |nacks| async move {
-        Ok(engine
-            .nack(nacks)
-            .await?
-            .into_iter()
-            .map(|r| r.map(|f| f.message))
-            .collect())
-    })
+    run_batch(
+        items,
+        s.engine.config().max_response_bytes,
+        |nacks| async move {
+            Ok(engine
+                .nack(nacks)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|f| f.message))
+                .collect())
+        },
+    )
     .await
 }

@@ -15,7 +15,9 @@
 //!   `max` messages rather than exceed the budget, and never leases a message it does not
 //!   return; a search page ends early with a `next_cursor`. At least one message always fits:
 //!   the configuration refuses a `max_response_bytes` below the bound. An export holds at
-//!   most one budget's worth of rows at a time.
+//!   most one budget's worth of rows at a time. A batch ack / nack answers every item, but
+//!   once the answer reaches the budget the remaining items carry no `message` and say
+//!   `"message_omitted": true` (their status still says what happened).
 //!
 //! Messages stored before these limits existed may exceed the bound; the answer is then
 //! larger by that excess (never by more messages).
@@ -142,6 +144,32 @@ impl JsonArray {
         })?;
         self.count += 1;
         Ok(())
+    }
+
+    /// Append one item if its JSON fits in `budget` bytes of items in all; `false` (and
+    /// nothing written) if it does not.
+    pub fn push_within<T: serde::Serialize>(
+        &mut self,
+        item: &T,
+        budget: usize,
+    ) -> Result<bool, ApiError> {
+        let bytes = serde_json::to_vec(item).map_err(|e| {
+            tracing::error!(error = %e, "cannot serialize an answer");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error (logged on the server)",
+            )
+        })?;
+        if self.bytes() + bytes.len() + 1 > budget {
+            return Ok(false);
+        }
+        if self.count > 0 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(&bytes);
+        self.count += 1;
+        Ok(true)
     }
 
     /// Bytes of the items written so far (the few bytes around them are part of

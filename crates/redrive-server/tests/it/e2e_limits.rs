@@ -323,3 +323,40 @@ async fn max_schedule_ahead_past_100_years_is_refused_at_start() {
     .to_string();
     assert!(e.contains("max_schedule_ahead"), "{e}");
 }
+
+#[tokio::test]
+async fn batch_ack_answer_stays_under_max_response_bytes_omitting_messages_saying_so() {
+    let s = TestServer::start(&config(2 * BOUND)).await;
+    fill(&s, "acks", 30).await;
+    let mut leased = Vec::new();
+    while leased.len() < 30 {
+        let got = s.lease("acks", json!({"max": 30})).await;
+        assert!(!got.is_empty());
+        leased.extend(got);
+    }
+    let items: Vec<Value> = leased
+        .iter()
+        .map(|m| json!({"id": id_of(m), "lease": lease_of(m)}))
+        .collect();
+    let (st, len, v) = post_len(&s, "/v1/messages/ack", json!({ "items": items })).await;
+    assert_eq!(st, 200, "{v}");
+    // The items without their message are ~100 bytes each beyond the budget at most.
+    assert!(len <= 2 * BOUND + 30 * 120, "answer of {len} bytes");
+    let answered = v["items"].as_array().unwrap();
+    assert_eq!(answered.len(), 30);
+    let omitted = answered
+        .iter()
+        .filter(|i| i["message_omitted"] == true)
+        .count();
+    assert!(omitted > 0, "30 messages of ~1 KB in 20 KB: {v}");
+    for i in answered {
+        assert_eq!(i["status"], 200, "{i}");
+        assert_eq!(
+            i["message_omitted"] == true,
+            i.get("message").is_none(),
+            "{i}"
+        );
+    }
+    assert_eq!(count(&s.counts("acks").await, "done"), 30);
+    s.stop().await;
+}
