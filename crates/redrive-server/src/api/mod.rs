@@ -5,7 +5,7 @@
 //! (unknown fields are rejected so that a typo such as `"dealy"` is not
 //! silently ignored), a body over `max_request_bytes` is a 413. Every error
 //! is `{"error": {"code", "message"}}`. Before any route runs, the browser guard
-//! ([`browser`]) refuses DNS-rebinding `Host`s, cross-site requests and non-JSON bodies. The OpenAPI document at
+//! (`api/browser.rs`) refuses DNS-rebinding `Host`s, cross-site requests and non-JSON bodies. The OpenAPI document at
 //! `/openapi.json` is generated from the handlers' annotations by
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
@@ -274,7 +274,7 @@ async fn json_errors(resp: Response) -> Response {
     ApiError::new(status, code, message).into_response()
 }
 
-/// Parse a duration field (see [`contract`] for the grammar) within `range`, naming it on error.
+/// Parse a duration field (see `api/contract.rs` for the grammar) within `range`, naming it on error.
 pub fn duration_field(
     field: &str,
     value: &str,
@@ -283,7 +283,7 @@ pub fn duration_field(
     contract::duration_in(field, value, range)
 }
 
-/// Parse a timestamp field (RFC 3339, see [`contract`]), naming it on error.
+/// Parse a timestamp field (RFC 3339, see `api/contract.rs`), naming it on error.
 pub fn timestamp_field(field: &str, value: &str) -> Result<Timestamp, ApiError> {
     let bad = || {
         ApiError::bad_request(
