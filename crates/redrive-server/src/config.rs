@@ -93,16 +93,29 @@ pub struct Config {
     pub api_tokens: Vec<String>,
     /// Allow listening on a non-loopback address without any API token.
     pub dangerous_allow_unauthenticated_public_listen: bool,
+    /// Extra `Host` names (no port) accepted besides loopback ones, e.g. a reverse proxy's.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`) allowed besides the server's own.
+    pub allowed_origins: Vec<String>,
     /// Largest payload of one message, in bytes of its JSON text.
     pub max_payload_bytes: usize,
     /// Largest request body, in bytes.
     pub max_request_bytes: usize,
+    /// Largest lease answer or search page, in bytes (fewer messages rather than more bytes).
+    pub max_response_bytes: usize,
+    /// Largest `headers` of one message, in bytes of their JSON text.
+    pub max_header_bytes: usize,
+    /// Longest error message (nack, `failed`) or kill reason, in bytes; longer ones are cut.
+    pub max_error_message_bytes: usize,
     /// Most messages in one batch publish, batch ack/nack or lease.
     pub max_batch: usize,
     /// Longest `wait` a lease request may long-poll.
     pub max_wait: DurationMs,
     /// Longest lease (and lease extension).
     pub max_lease: DurationMs,
+    /// Farthest ahead a publish may schedule a message (`delay`, `deliver_at`). Not the retry
+    /// policy's `max_delay`.
+    pub max_schedule_ahead: DurationMs,
     /// How long an idempotency key is remembered.
     pub idempotency_window: DurationMs,
     /// How long done messages are kept before they are purged.
@@ -127,11 +140,17 @@ impl Default for Config {
             durability: DurabilityName::Fsync,
             api_tokens: Vec::new(),
             dangerous_allow_unauthenticated_public_listen: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             max_payload_bytes: 1 << 20,
             max_request_bytes: 16 << 20,
+            max_response_bytes: 64 << 20,
+            max_header_bytes: 16 << 10,
+            max_error_message_bytes: 4 << 10,
             max_batch: 1_000,
             max_wait: DurationMs(30_000),
             max_lease: DurationMs(12 * 3_600_000),
+            max_schedule_ahead: DurationMs(365 * 24 * 3_600_000),
             idempotency_window: DurationMs(24 * 3_600_000),
             done_retention: DurationMs(24 * 3_600_000),
             purge_interval: DurationMs(60_000),
@@ -143,6 +162,13 @@ impl Default for Config {
     }
 }
 
+/// The largest `max_schedule_ahead`: 100 years (36,525 days), so that now + it stays
+/// well before year 9999, the last a due time can be written in RFC 3339.
+pub const MAX_SCHEDULE_AHEAD_CEILING_MS: u64 = 36_525 * 24 * 3_600_000;
+
+/// The smallest `max_error_message_bytes`: room for the truncation marker and some text.
+pub const MIN_ERROR_MESSAGE_BYTES: usize = 128;
+
 /// Top-level keys that `REDRIVE_<KEY>` environment variables may set.
 const ENV_KEYS: &[&str] = &[
     "listen",
@@ -150,11 +176,17 @@ const ENV_KEYS: &[&str] = &[
     "durability",
     "api_tokens",
     "dangerous_allow_unauthenticated_public_listen",
+    "allowed_hosts",
+    "allowed_origins",
     "max_payload_bytes",
     "max_request_bytes",
+    "max_response_bytes",
+    "max_header_bytes",
+    "max_error_message_bytes",
     "max_batch",
     "max_wait",
     "max_lease",
+    "max_schedule_ahead",
     "idempotency_window",
     "done_retention",
     "purge_interval",
@@ -266,6 +298,29 @@ impl Config {
                 "must be at least max_payload_bytes (and both above 0)",
             );
         }
+        if self.max_error_message_bytes < MIN_ERROR_MESSAGE_BYTES {
+            return val(
+                "max_error_message_bytes",
+                &format!("must be at least {MIN_ERROR_MESSAGE_BYTES}"),
+            );
+        }
+        let bound = crate::api::message_bound_bytes(self);
+        if self.max_response_bytes < bound {
+            return val(
+                "max_response_bytes",
+                &format!(
+                    "must be at least {bound}: one message of max_payload_bytes with \
+                     max_header_bytes of headers and max_error_message_bytes of error text \
+                     must fit in an answer"
+                ),
+            );
+        }
+        if self.max_schedule_ahead.ms() > MAX_SCHEDULE_AHEAD_CEILING_MS {
+            return val(
+                "max_schedule_ahead",
+                "must be at most 100 years (a due time must stay a 4-digit-year RFC 3339 time)",
+            );
+        }
         if self.max_lease.ms() == 0 {
             return val("max_lease", "must be greater than 0s");
         }
@@ -274,6 +329,25 @@ impl Config {
         }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return val("api_tokens", "every token must have at least 16 characters");
+        }
+        if self
+            .allowed_hosts
+            .iter()
+            .any(|h| h.trim().is_empty() || h.contains([':', '/', '[']))
+        {
+            return val(
+                "allowed_hosts",
+                "each entry is a host name without scheme or port, e.g. \"redrive.internal\"",
+            );
+        }
+        if self.allowed_origins.iter().any(|o| {
+            let o = o.trim().trim_end_matches('/');
+            !(o.starts_with("http://") || o.starts_with("https://")) || o.matches('/').count() != 2
+        }) {
+            return val(
+                "allowed_origins",
+                "each entry is scheme://host[:port], e.g. \"https://console.example.com\"",
+            );
         }
         for name in self.queues.keys() {
             if name != "default" {
@@ -377,9 +451,9 @@ fn policy_key(e: &PolicyError) -> String {
 }
 
 /// An environment value as TOML: numbers, booleans and arrays parse as such, anything
-/// else is a string. `REDRIVE_API_TOKENS=a,b` is a list.
+/// else is a string. `REDRIVE_API_TOKENS=a,b` is a list, and so are the allow-lists.
 fn env_value(key: &str, raw: &str) -> toml::Value {
-    if key == "api_tokens" {
+    if matches!(key, "api_tokens" | "allowed_hosts" | "allowed_origins") {
         return toml::Value::Array(
             raw.split(',')
                 .map(str::trim)
@@ -444,6 +518,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("queues.bad name"), "{e}");
+    }
+
+    #[test]
+    fn browser_allow_lists_are_checked_and_read_from_the_environment() {
+        let c = load(
+            "",
+            &[
+                ("REDRIVE_ALLOWED_HOSTS", "a.internal, b.internal"),
+                ("REDRIVE_ALLOWED_ORIGINS", "https://console.example.com"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.allowed_hosts, ["a.internal", "b.internal"]);
+        assert_eq!(c.allowed_origins, ["https://console.example.com"]);
+        for (text, key) in [
+            ("allowed_hosts = [\"a.internal:80\"]", "allowed_hosts"),
+            ("allowed_hosts = [\"\"]", "allowed_hosts"),
+            (
+                "allowed_origins = [\"console.example.com\"]",
+                "allowed_origins",
+            ),
+            ("allowed_origins = [\"https://x/y\"]", "allowed_origins"),
+        ] {
+            let e = load(text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
 
+use super::contract::Ranges;
+use super::limits::{fitting, message_bound_bytes, JsonArray};
 use super::messages::failure;
 use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
+use crate::Config;
 use axum::extract::{Path, State};
+use axum::response::Response;
 use axum::Json;
 use redrive_core::{ErrorClass, Failure, LastError, Message, Timestamp};
 use redrive_storage::{LeaseRef, Nack, StoreError};
@@ -15,7 +19,9 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
     /// At most this many messages (default 1, at most `max_batch`).
-    pub max: Option<u32>,
+    #[serde(default, deserialize_with = "super::contract::opt_integral")]
+    #[schema(value_type = Option<u32>)]
+    pub max: Option<i64>,
     /// Lease length (default: the queue's `lease`, else 30s; at most `max_lease`).
     pub lease: Option<String>,
     /// Long-poll up to this long when nothing is ready (default 0s, at most `max_wait`).
@@ -60,7 +66,9 @@ pub struct LeaseResponse {
     pub messages: Vec<LeasedMessage>,
 }
 
-/// Lease ready messages, optionally long-polling.
+/// Lease ready messages, optionally long-polling. The answer stays under
+/// `max_response_bytes`: fewer than `max` messages (at least one when any is ready) rather
+/// than more bytes.
 #[utoipa::path(post, path = "/v1/queues/{queue}/leases", tag = "leases",
     params(("queue" = String, Path, description = "Queue name")),
     request_body(content = LeaseBody, description = "Optional"),
@@ -69,63 +77,73 @@ pub async fn lease(
     State(s): State<AppState>,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<LeaseBody>,
-) -> Result<Json<LeaseResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     queue_name(&queue)?;
-    let cfg = s.config;
+    let cfg = &*s.config;
     let max = body.max.unwrap_or(1);
-    if max == 0 || max as usize > cfg.max_batch {
-        return Err(ApiError::bad_request(
-            "invalid_max",
-            format!("max: {max} is not in 1..={} (max_batch)", cfg.max_batch),
-        ));
-    }
-    let lease_ms = match &body.lease {
-        Some(l) => {
-            let ms = duration_field("lease", l)?;
-            if ms == 0 || ms > cfg.max_lease.ms() {
-                return Err(ApiError::bad_request(
-                    "invalid_duration",
-                    format!(
-                        "lease: must be above 0s and at most {} (max_lease)",
-                        cfg.max_lease
-                    ),
-                ));
-            }
-            Some(ms)
+    let max = match u32::try_from(max) {
+        Ok(m) if m >= 1 && m as usize <= cfg.max_batch => m,
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_max",
+                format!("max: {max} is not in 1..={} (max_batch)", cfg.max_batch),
+            ))
         }
+    };
+    let ranges = Ranges::of(cfg);
+    let lease_ms = match &body.lease {
+        Some(l) => Some(duration_field("lease", l, ranges.lease)?),
         None => None,
     };
     let wait_ms = match &body.wait {
-        Some(w) => {
-            let ms = duration_field("wait", w)?;
-            if ms > cfg.max_wait.ms() {
-                return Err(ApiError::bad_request(
-                    "invalid_duration",
-                    format!("wait: at most {} (max_wait)", cfg.max_wait),
-                ));
-            }
-            ms
-        }
+        Some(w) => duration_field("wait", w, ranges.wait)?,
         None => 0,
     };
-    let leased = s.engine.lease(&queue, max, lease_ms, wait_ms).await?;
-    let messages = leased
-        .into_iter()
-        .map(|l| LeasedMessage {
-            id: l.message.id.to_string(),
-            lease: l.token,
-            attempt: l.attempt,
-            payload: l.message.payload,
-            headers: l.message.headers,
-            key: l.message.key,
-            queue: l.message.queue,
-            priority: l.message.priority,
-            created_at: l.message.created_at.to_rfc3339(),
-            lease_expires_at: l.expires_at.to_rfc3339(),
-            last_error: l.message.last_error,
-        })
-        .collect();
-    Ok(Json(LeaseResponse { messages }))
+    // Ask for as many messages as surely fit in what is left of `max_response_bytes`, and
+    // again while room is left (see `limits`): fewer than `max` rather than a larger answer,
+    // and never a leased message that is not in the answer.
+    let bound = message_bound_bytes(cfg);
+    let mut out = JsonArray::new("{\"messages\":");
+    let mut wait = wait_ms;
+    loop {
+        let want = (max as usize - out.count()).min(fitting(
+            cfg.max_response_bytes.saturating_sub(out.bytes()),
+            bound,
+        ));
+        if want == 0 {
+            break;
+        }
+        let leased = match s.engine.lease(&queue, want as u32, lease_ms, wait).await {
+            Ok(l) => l,
+            Err(e) if out.count() == 0 => return Err(e.into()),
+            Err(e) => {
+                // The messages leased so far are answered; their consumer holds the leases.
+                tracing::warn!(error = %e, "a follow-up lease failed; answering what was leased");
+                break;
+            }
+        };
+        let got = leased.len();
+        for l in leased {
+            out.push(&LeasedMessage {
+                id: l.message.id.to_string(),
+                lease: l.token,
+                attempt: l.attempt,
+                payload: l.message.payload,
+                headers: l.message.headers,
+                key: l.message.key,
+                queue: l.message.queue,
+                priority: l.message.priority,
+                created_at: l.message.created_at.to_rfc3339(),
+                lease_expires_at: l.expires_at.to_rfc3339(),
+                last_error: l.message.last_error,
+            })?;
+        }
+        if got < want {
+            break; // nothing more is ready
+        }
+        wait = 0; // only the first request long-polls
+    }
+    Ok(out.finish("}"))
 }
 
 /// An ack.
@@ -142,7 +160,7 @@ pub struct AckBody {
 pub struct NackError {
     /// `transient`, `rate_limited` or `permanent`.
     pub class: String,
-    /// What went wrong.
+    /// What went wrong (cut to `max_error_message_bytes`, saying so).
     pub message: Option<String>,
     /// For `rate_limited`: earliest retry, e.g. `"10s"` (bounded by the policy's `max_retry_after`).
     pub retry_after: Option<String>,
@@ -168,9 +186,15 @@ pub struct ExtendBody {
     pub by: String,
 }
 
-fn nack_failure(field: &str, e: Option<&NackError>) -> Result<Failure, ApiError> {
+fn nack_failure(field: &str, e: Option<&NackError>, cfg: &Config) -> Result<Failure, ApiError> {
     match e {
-        Some(e) => failure(field, &e.class, e.message.clone(), e.retry_after.as_deref()),
+        Some(e) => failure(
+            field,
+            &e.class,
+            e.message.clone(),
+            e.retry_after.as_deref(),
+            cfg,
+        ),
         None => Ok(Failure {
             class: ErrorClass::Transient,
             message: None,
@@ -227,7 +251,7 @@ pub async fn nack(
     ApiJson(body): ApiJson<NackBody>,
 ) -> Result<Json<Message>, ApiError> {
     let id = message_id(&id)?;
-    let failure = nack_failure("error", body.error.as_ref())?;
+    let failure = nack_failure("error", body.error.as_ref(), &s.config)?;
     let out = s
         .engine
         .nack(vec![Nack {
@@ -262,14 +286,7 @@ pub async fn extend(
     ApiJson(body): ApiJson<ExtendBody>,
 ) -> Result<Json<Extended>, ApiError> {
     let id = message_id(&id)?;
-    let by = duration_field("by", &body.by)?;
-    let max = s.config.max_lease;
-    if by == 0 || by > max.ms() {
-        return Err(ApiError::bad_request(
-            "invalid_duration",
-            format!("by: must be above 0s and at most {max} (max_lease)"),
-        ));
-    }
+    let by = duration_field("by", &body.by, Ranges::of(&s.config).extend_by)?;
     let at: Timestamp = s
         .engine
         .extend(
@@ -320,6 +337,10 @@ pub struct BatchResult {
     /// The error, on failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<super::error::ErrorDetail>,
+    /// True when `message` was left out to keep the answer under `max_response_bytes`
+    /// (the transition happened all the same: see `status`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub message_omitted: bool,
 }
 
 /// Answers of a batch, one per item in order.
@@ -350,12 +371,14 @@ fn item_result(id: String, r: Result<Message, ApiError>) -> BatchResult {
             status: 200,
             message: Some(m),
             error: None,
+            message_omitted: false,
         },
         Err(e) => BatchResult {
             id,
             status: e.status.as_u16(),
             message: None,
             error: Some(e.body().error),
+            message_omitted: false,
         },
     }
 }
@@ -363,8 +386,9 @@ fn item_result(id: String, r: Result<Message, ApiError>) -> BatchResult {
 /// Run a batch: items whose id does not parse get their own 400; the rest go to the store.
 async fn run_batch<T, F, Fut>(
     items: Vec<(String, Result<T, ApiError>)>,
+    max_response_bytes: usize,
     call: F,
-) -> Result<Json<BatchResponse>, ApiError>
+) -> Result<Response, ApiError>
 where
     F: FnOnce(Vec<T>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Result<Message, StoreError>>, StoreError>>,
@@ -383,10 +407,10 @@ where
         }
     }
     let mut results = call(valid).await?.into_iter();
-    let items = ids
-        .into_iter()
-        .zip(slots)
-        .map(|(id, slot)| match slot {
+    // Every item is answered; past `max_response_bytes`, without its message (see `limits`).
+    let mut out = JsonArray::new("{\"items\":");
+    for (id, slot) in ids.into_iter().zip(slots) {
+        let mut item = match slot {
             Some(e) => item_result(id, Err(e)),
             None => {
                 let r = results
@@ -395,9 +419,14 @@ where
                     .map_err(ApiError::from);
                 item_result(id, r)
             }
-        })
-        .collect();
-    Ok(Json(BatchResponse { items }))
+        };
+        if !out.push_within(&item, max_response_bytes)? {
+            item.message = None;
+            item.message_omitted = true;
+            out.push(&item)?;
+        }
+    }
+    Ok(out.finish("}"))
 }
 
 /// Ack many leases; each item answered on its own.
@@ -406,7 +435,7 @@ where
 pub async fn ack_batch(
     State(s): State<AppState>,
     ApiJson(body): ApiJson<BatchBody>,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     check_batch(&s, &body)?;
     let items = body
         .items
@@ -417,14 +446,18 @@ pub async fn ack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(items, |refs| async move {
-        Ok(engine
-            .ack(refs)
-            .await?
-            .into_iter()
-            .map(|r| r.map(|a| a.message))
-            .collect())
-    })
+    run_batch(
+        items,
+        s.config.max_response_bytes,
+        |refs| async move {
+            Ok(engine
+                .ack(refs)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|a| a.message))
+                .collect())
+        },
+    )
     .await
 }
 
@@ -434,7 +467,7 @@ pub async fn ack_batch(
 pub async fn nack_batch(
     State(s): State<AppState>,
     ApiJson(body): ApiJson<BatchBody>,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     check_batch(&s, &body)?;
     let items = body
         .items
@@ -442,7 +475,11 @@ pub async fn nack_batch(
         .enumerate()
         .map(|(n, i)| {
             let parsed = message_id(&i.id).and_then(|id| {
-                let failure = nack_failure(&format!("items[{n}].error"), i.error.as_ref())?;
+                let failure = nack_failure(
+                    &format!("items[{n}].error"),
+                    i.error.as_ref(),
+                    &s.config,
+                )?;
                 Ok(Nack {
                     lease: LeaseRef { id, token: i.lease },
                     failure,
@@ -452,13 +489,17 @@ pub async fn nack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(items, |nacks| async move {
-        Ok(engine
-            .nack(nacks)
-            .await?
-            .into_iter()
-            .map(|r| r.map(|f| f.message))
-            .collect())
-    })
+    run_batch(
+        items,
+        s.config.max_response_bytes,
+        |nacks| async move {
+            Ok(engine
+                .nack(nacks)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|f| f.message))
+                .collect())
+        },
+    )
     .await
 }

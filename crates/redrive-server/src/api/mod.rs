@@ -4,17 +4,22 @@
 //! `malformed_json`, an unknown field is a 400 `invalid_body` naming it
 //! (unknown fields are rejected so that a typo such as `"dealy"` is not
 //! silently ignored), a body over `max_request_bytes` is a 413. Every error
-//! is `{"error": {"code", "message"}}`. The OpenAPI document at
+//! is `{"error": {"code", "message"}}`. Before any route runs, the browser guard
+//! (`api/browser.rs`) refuses DNS-rebinding `Host`s, cross-site requests and non-JSON bodies. The OpenAPI document at
 //! `/openapi.json` is generated from the handlers' annotations by
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
+mod browser;
+mod contract;
 mod error;
 mod health;
 mod leases;
+mod limits;
 mod messages;
 mod queues;
 
 pub use error::{ApiError, ErrorBody};
+pub use limits::message_bound_bytes;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -24,7 +29,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use redrive_core::{parse_duration_ms, MessageId, Timestamp};
+use redrive_core::{MessageId, Timestamp};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use utoipa::OpenApi;
@@ -51,7 +56,7 @@ pub struct AppState {
         (name = "queues", description = "Queue counts and policies"),
         (name = "ops", description = "Health, readiness, metrics")
     ),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody, messages::PublishBatch))
 )]
 struct ApiDoc;
 
@@ -91,6 +96,11 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
         metrics,
         config,
     };
+    let browser = Arc::new(browser::BrowserGuard::new(
+        state.config.listens_on_loopback(),
+        &state.config.allowed_hosts,
+        &state.config.allowed_origins,
+    ));
     let (v1_router, v1_doc) = v1().split_for_parts();
     let v1_router = v1_router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {
@@ -103,7 +113,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
     let mut doc = ApiDoc::openapi();
     doc.merge(v1_doc);
     doc.merge(ops_doc);
-    let doc_json = Arc::new(doc.to_json().unwrap_or_else(|_| "{}".to_owned()));
+    let doc_json = Arc::new(contract::document(&state.config, &doc));
     axum::Router::new()
         .merge(v1_router)
         .merge(ops)
@@ -128,6 +138,9 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| browser::guard(browser.clone(), req, next),
+        ))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }
@@ -265,22 +278,45 @@ async fn json_errors(resp: Response) -> Response {
     ApiError::new(status, code, message).into_response()
 }
 
-/// Parse a duration field, naming it on error.
-pub fn duration_field(field: &str, value: &str) -> Result<u64, ApiError> {
-    parse_duration_ms(value)
-        .map_err(|e| ApiError::bad_request("invalid_duration", format!("{field}: {e}")))
+/// Parse a duration field (see `api/contract.rs` for the grammar) within `range`, naming it on error.
+pub fn duration_field(
+    field: &str,
+    value: &str,
+    range: contract::DurationRange,
+) -> Result<u64, ApiError> {
+    contract::duration_in(field, value, range)
 }
 
-/// Parse a timestamp field, naming it on error.
+/// Parse a timestamp field (RFC 3339, see `api/contract.rs`), naming it on error.
 pub fn timestamp_field(field: &str, value: &str) -> Result<Timestamp, ApiError> {
-    Timestamp::parse(value)
-        .map_err(|e| ApiError::bad_request("invalid_timestamp", format!("{field}: {e}")))
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_timestamp",
+            format!("{field}: {value:?} is not an RFC 3339 time such as \"2026-01-31T12:00:00Z\""),
+        )
+    };
+    if !contract::timestamp_shape_ok(value) {
+        return Err(bad());
+    }
+    Timestamp::parse(value).map_err(|_| bad())
 }
 
-/// Parse a message id from the path.
+/// Parse a message id from the path: a hyphenated UUID, as ids are printed.
 pub fn message_id(raw: &str) -> Result<MessageId, ApiError> {
-    raw.parse()
-        .map_err(|e: redrive_core::IdError| ApiError::bad_request("invalid_id", e.to_string()))
+    let hyphenated = raw.len() == 36
+        && raw.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        });
+    let parsed = if hyphenated { raw.parse().ok() } else { None };
+    parsed.ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_id",
+            format!(
+                "{raw:?} is not a message id (a UUID such as 0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f)"
+            ),
+        )
+    })
 }
 
 /// Check a queue name from the path.

@@ -117,7 +117,7 @@ async fn unknown_fields_are_400_invalid_body_naming_the_field() {
             "by",
         ),
         ("/v1/queues/bad/leases".into(), json!({"max": "ten"}), "ten"),
-        ("/v1/queues/bad/leases".into(), json!({"max": -1}), "-1"),
+        ("/v1/queues/bad/leases".into(), json!({"max": 1.5}), "1.5"),
         (
             "/v1/queues/bad/messages".into(),
             json!({"payload": 1, "headers": {"n": 1}}),

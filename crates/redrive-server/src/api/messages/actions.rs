@@ -1,0 +1,85 @@
+//! Operator actions on one message: `GET`/`DELETE /v1/messages/{id}`,
+//! `POST /v1/messages/{id}/redrive` and `/kill`.
+
+use crate::api::limits::truncate_opt;
+use crate::api::{message_id, ApiError, ApiJson, AppState, ErrorBody};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use redrive_core::Message;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+/// One message with its whole history.
+#[utoipa::path(get, path = "/v1/messages/{id}", tag = "messages",
+    params(("id" = String, Path, description = "Message id")),
+    responses((status = 200, description = "The message with `history`"),
+        (status = 400, description = "Not a message id", body = ErrorBody),
+        (status = 404, description = "No such message", body = ErrorBody)))]
+pub async fn get(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    match s.engine.store().get(id).await? {
+        Some(m) => Ok(Json(m)),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no message with id {id}"),
+        )),
+    }
+}
+
+/// Delete a message (any state). Its idempotency key is forgotten.
+#[utoipa::path(delete, path = "/v1/messages/{id}", tag = "messages",
+    params(("id" = String, Path, description = "Message id")),
+    responses((status = 200, description = "Deleted; the message as it was"),
+        (status = 404, description = "No such message", body = ErrorBody)))]
+pub async fn delete(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = message_id(&id)?;
+    let m = s.engine.delete(id).await?;
+    Ok(Json(serde_json::json!({"deleted": true, "message": m})))
+}
+
+/// Redrive: a dead or scheduled message becomes ready now, with a fresh attempt budget.
+#[utoipa::path(post, path = "/v1/messages/{id}/redrive", tag = "messages",
+    params(("id" = String, Path, description = "Message id")),
+    responses((status = 200, description = "The message, now ready"),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "Not dead or scheduled", body = ErrorBody)))]
+pub async fn redrive(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    Ok(Json(s.engine.redrive(id).await?))
+}
+
+/// The body of a kill.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillBody {
+    /// Why, for the history (cut to `max_error_message_bytes`, saying so).
+    pub reason: Option<String>,
+}
+
+/// Kill: the message becomes dead with reason `killed`.
+#[utoipa::path(post, path = "/v1/messages/{id}/kill", tag = "messages",
+    params(("id" = String, Path, description = "Message id")),
+    request_body(content = KillBody, description = "Optional"),
+    responses((status = 200, description = "The message, now dead"),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "Already done or dead", body = ErrorBody)))]
+pub async fn kill(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<KillBody>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    let reason = truncate_opt(body.reason, s.config.max_error_message_bytes);
+    Ok(Json(s.engine.kill(id, reason).await?))
+}

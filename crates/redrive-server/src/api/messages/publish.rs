@@ -1,0 +1,245 @@
+//! `POST /v1/queues/{queue}/messages`: publish one message or a batch (all or nothing).
+
+use super::failure;
+use crate::api::contract::Ranges;
+use crate::api::limits::{check_headers, MAX_KEY_CHARS};
+use crate::api::{
+    duration_field, from_value, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
+};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use redrive_core::{Message, NewMessage, Timestamp};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// A failure seen elsewhere, reported at publish (S1).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailedReport {
+    /// `transient`, `rate_limited` or `permanent`.
+    pub class: String,
+    /// What went wrong.
+    pub message: Option<String>,
+    /// For `rate_limited`: earliest retry, e.g. `"10s"`.
+    pub retry_after: Option<String>,
+}
+
+/// One message to publish. `payload` is required; `delay` and `deliver_at` exclude each other.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishItem {
+    /// Any JSON value.
+    #[schema(value_type = Object)]
+    pub payload: Option<serde_json::Value>,
+    /// String headers.
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Ordering / partition key.
+    pub key: Option<String>,
+    /// Idempotency key (per queue, within the idempotency window).
+    pub idempotency_key: Option<String>,
+    /// 0–9, higher first. Default 0.
+    #[serde(default, deserialize_with = "crate::api::contract::opt_integral")]
+    pub priority: Option<i64>,
+    /// Deliver after this delay, e.g. `"30s"` (at most `max_schedule_ahead`).
+    pub delay: Option<String>,
+    /// Deliver at this RFC 3339 time (at most `max_schedule_ahead` from now).
+    pub deliver_at: Option<String>,
+    /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
+    pub failed: Option<FailedReport>,
+}
+
+/// A batch publish: all or nothing.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishBatch {
+    /// The messages.
+    pub messages: Vec<serde_json::Value>,
+}
+
+fn parse_item(
+    s: &AppState,
+    queue: &str,
+    value: serde_json::Value,
+    prefix: &str,
+    now: Timestamp,
+) -> Result<NewMessage, ApiError> {
+    let has_payload = value.as_object().is_some_and(|o| o.contains_key("payload"));
+    let item: PublishItem = from_value(value, prefix)?;
+    let field = |f: &str| {
+        if prefix.is_empty() {
+            f.to_owned()
+        } else {
+            format!("{prefix}.{f}")
+        }
+    };
+    if !has_payload {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!(
+                "{}: missing (any JSON value, null included)",
+                field("payload")
+            ),
+        ));
+    }
+    let payload = item.payload.unwrap_or(serde_json::Value::Null);
+    let size = serde_json::to_vec(&payload)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    let limit = s.config.max_payload_bytes;
+    if size > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "{}: {size} bytes, the limit is {limit} (max_payload_bytes)",
+                field("payload")
+            ),
+        ));
+    }
+    let priority = match item.priority {
+        None => 0,
+        Some(p @ 0..=9) => p as u8,
+        Some(p) => {
+            return Err(ApiError::bad_request(
+                "invalid_priority",
+                format!("{}: {p} is not in 0..=9", field("priority")),
+            ))
+        }
+    };
+    for (name, v) in [
+        ("key", &item.key),
+        ("idempotency_key", &item.idempotency_key),
+    ] {
+        if let Some(v) = v {
+            if v.is_empty() || v.chars().count() > MAX_KEY_CHARS {
+                return Err(ApiError::bad_request(
+                    "invalid_key",
+                    format!("{}: must have 1 to {MAX_KEY_CHARS} characters", field(name)),
+                ));
+            }
+        }
+    }
+    // A schedule beyond `max_schedule_ahead` is refused (issue 5, defect 12): a typo such as
+    // "3000d" would otherwise park a message for years, and past year 9999 a due time no
+    // longer renders as RFC 3339.
+    let max_ahead = s.config.max_schedule_ahead;
+    let deliver_at = match (&item.delay, &item.deliver_at) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!(
+                    "{} and {}: give one or the other",
+                    field("delay"),
+                    field("deliver_at")
+                ),
+            ))
+        }
+        (Some(d), None) => {
+            let ms = duration_field(&field("delay"), d, Ranges::of(&s.config).ahead)?;
+            Some(now.plus_ms(ms))
+        }
+        (None, Some(t)) => {
+            let at = timestamp_field(&field("deliver_at"), t)?;
+            if at > now.plus_ms(max_ahead.ms()) {
+                return Err(ApiError::bad_request(
+                    "invalid_timestamp",
+                    format!(
+                        "{}: {t} is more than {max_ahead} ahead (max_schedule_ahead)",
+                        field("deliver_at")
+                    ),
+                ));
+            }
+            Some(at)
+        }
+        (None, None) => None,
+    };
+    let failed = match &item.failed {
+        Some(f) => Some(failure(
+            &field("failed"),
+            &f.class,
+            f.message.clone(),
+            f.retry_after.as_deref(),
+            &s.config,
+        )?),
+        None => None,
+    };
+    let headers = item.headers.unwrap_or_default();
+    check_headers(&field("headers"), &headers, &s.config)?;
+    Ok(NewMessage {
+        queue: queue.to_owned(),
+        payload,
+        headers,
+        key: item.key,
+        idempotency_key: item.idempotency_key,
+        priority,
+        deliver_at,
+        failed,
+    })
+}
+
+/// Publish one message, or a batch (`{"messages": [...]}`, all or nothing).
+#[utoipa::path(post, path = "/v1/queues/{queue}/messages", tag = "messages",
+    params(("queue" = String, Path, description = "Queue name, [A-Za-z0-9._:-]{1,128}")),
+    request_body(content = PublishItem, description = "One message, or {\"messages\": [PublishItem, …]} for a batch"),
+    responses(
+        (status = 201, description = "Created: the message, or {\"messages\": [...]}"),
+        (status = 200, description = "Idempotent replay: the original message(s)"),
+        (status = 400, description = "Bad input, naming the field (and item index)", body = ErrorBody),
+        (status = 409, description = "Idempotency key reused with a different payload", body = ErrorBody),
+        (status = 413, description = "Payload or body too large", body = ErrorBody)))]
+pub async fn publish(
+    State(s): State<AppState>,
+    Path(queue): Path<String>,
+    ApiJson(value): ApiJson<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    queue_name(&queue)?;
+    let now = s.engine.clock().now();
+    let is_batch = value
+        .as_object()
+        .is_some_and(|o| o.contains_key("messages") && !o.contains_key("payload"));
+    if is_batch {
+        let batch: PublishBatch = from_value(value, "")?;
+        let max = s.config.max_batch;
+        if batch.messages.is_empty() || batch.messages.len() > max {
+            return Err(ApiError::bad_request(
+                "batch_too_large",
+                format!(
+                    "messages: {} items, a batch needs 1 to {max} (max_batch)",
+                    batch.messages.len()
+                ),
+            ));
+        }
+        let items = batch
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| parse_item(&s, &queue, v, &format!("messages[{i}]"), now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let out = s.engine.publish(items).await?;
+        let status = if out.iter().all(|p| p.replayed) {
+            StatusCode::OK
+        } else {
+            StatusCode::CREATED
+        };
+        let messages: Vec<Message> = out.into_iter().map(|p| p.message).collect();
+        return Ok((status, Json(serde_json::json!({ "messages": messages }))).into_response());
+    }
+    let item = parse_item(&s, &queue, value, "", now)?;
+    let mut out = s.engine.publish(vec![item]).await?;
+    let p = out.pop().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "empty publish result",
+        )
+    })?;
+    let status = if p.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(p.message)).into_response())
+}
