@@ -71,16 +71,13 @@ pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     Ok(counts)
 }
 
-/// The earliest scheduled due time or lease expiry: two index seeks (`ix_scheduled`,
-/// `ix_leased`). Used at open and by every tick.
-pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
+/// The earliest lease expiry, ms: one index seek (`ix_leased`). With the earliest
+/// scheduled due time (kept per queue by the writer, `promotion.rs`), the next wake-up.
+pub fn next_lease_expiry(conn: &Connection) -> Result<Option<i64>, StoreError> {
     let v: Option<i64> = conn
-        .prepare_cached(
-            "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
-             UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
-        )?
+        .prepare_cached("SELECT MIN(lease_expires_at) FROM messages WHERE state = 2")?
         .query_row([], |r| r.get(0))?;
-    Ok(v.map(Timestamp::from_millis))
+    Ok(v)
 }
 
 pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreError> {
@@ -196,17 +193,25 @@ pub fn queue_stats(
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
     let mut stmt = conn.prepare_cached(
-        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",
+        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND key_order IS NOT 1 AND priority = ?2",
+    )?;
+    let mut blocked = conn.prepare_cached(
+        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND key_order = 1",
     )?;
     for (queue, c) in counts {
         let mut oldest: Option<i64> = None;
         if c[State::Ready.code() as usize] > 0 {
-            // One index seek per priority level on ix_ready, instead of a scan.
+            // One index seek per priority level on ix_ready, instead of a scan, and one on
+            // ix_ready_blocked for the ready messages waiting behind their key's head.
             for p in 0..=9u8 {
                 let v: Option<i64> = stmt.query_row(rusqlite::params![queue, p], |r| r.get(0))?;
                 if let Some(v) = v {
                     oldest = Some(oldest.map_or(v, |o| o.min(v)));
                 }
+            }
+            let v: Option<i64> = blocked.query_row([&queue], |r| r.get(0))?;
+            if let Some(v) = v {
+                oldest = Some(oldest.map_or(v, |o| o.min(v)));
             }
         }
         out.push(QueueStats {
