@@ -5,8 +5,9 @@
 //! million messages due at one instant in one queue hold back every other queue's
 //! deliveries for a hundred ticks. So the limit is shared instead: every queue with
 //! due messages gets an equal share, and what a queue leaves unused goes to the
-//! queues after it. When more queues are due than the limit, each gets one message
-//! and the order rotates from tick to tick, so none waits behind the others.
+//! others (a queue with one due message takes one, a flooded one the rest). When
+//! more queues are due than the limit, each gets one message and the order rotates
+//! from tick to tick, so none waits behind the others.
 //!
 //! Finding the queues with due messages must not walk one queue's backlog either:
 //! `ix_scheduled` is ordered by (queue, due time), and [`DueQueues`] keeps, in
@@ -132,24 +133,40 @@ pub fn promote(
         due.rotation = start + limit;
     }
     let mut left = limit;
-    let mut per_queue = Vec::new();
-    for (i, queue) in queues.iter().enumerate() {
-        if left == 0 {
-            break;
+    let mut per_queue: Vec<(String, usize)> = Vec::new();
+    // Each pass shares what is left among the queues that took their whole share in
+    // the pass before (they may have more); a queue that took less is done.
+    let mut active = queues;
+    while left > 0 && !active.is_empty() {
+        let mut saturated = Vec::new();
+        let count = active.len();
+        for (i, queue) in active.into_iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let share = left.div_ceil(count - i);
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
+                     (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
+                      ORDER BY due_at LIMIT ?3)",
+                )?
+                .execute(params![t, queue, share as i64])?;
+            left -= n.min(left);
+            if n > 0 {
+                match per_queue.iter_mut().find(|(q, _)| *q == queue) {
+                    Some((_, total)) => *total += n,
+                    None => per_queue.push((queue.clone(), n)),
+                }
+            }
+            if n == share {
+                saturated.push(queue);
+            }
         }
-        let share = left.div_ceil(queues.len() - i);
-        let n = conn
-            .prepare_cached(
-                "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
-                 (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
-                  ORDER BY due_at LIMIT ?3)",
-            )?
-            .execute(params![t, queue, share as i64])?;
-        left -= n.min(left);
+        active = saturated;
+    }
+    for (queue, _) in &per_queue {
         due.refresh(conn, queue)?;
-        if n > 0 {
-            per_queue.push((queue.clone(), n));
-        }
     }
     Ok(Promoted {
         per_queue,
@@ -201,13 +218,27 @@ mod tests {
         schedule(&conn, "c", 30, 100);
         let mut due = DueQueues::new(["a", "b", "c"].map(String::from));
         let p = promote(&conn, &mut due, 100, 9).expect("promote");
-        // a takes 1 of its 3; b gets ceil(8 / 2) = 4, c the 4 left.
+        // a takes its 1 of a 3 share; b gets ceil(8 / 2) = 4, c the 4 left.
         assert_eq!(
             p.per_queue,
             vec![("a".into(), 1), ("b".into(), 4), ("c".into(), 4)]
         );
         assert!(p.more);
         assert_eq!((ready(&conn, "b"), ready(&conn, "c")), (4, 4));
+    }
+
+    #[test]
+    fn a_flooded_queue_served_first_gets_what_the_others_leave() {
+        let conn = db();
+        schedule(&conn, "flooded", 10, 100);
+        schedule(&conn, "quiet", 20, 1);
+        let mut due = DueQueues::new(["flooded", "quiet"].map(String::from));
+        let p = promote(&conn, &mut due, 100, 10).expect("promote");
+        assert_eq!(
+            p.per_queue,
+            vec![("flooded".into(), 9), ("quiet".into(), 1)]
+        );
+        assert!(p.more);
     }
 
     #[test]
