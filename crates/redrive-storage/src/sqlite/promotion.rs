@@ -36,6 +36,10 @@ pub struct DueQueues {
     known: HashMap<String, i64>,
     /// `known`, ordered by time.
     by_time: BTreeSet<(i64, String)>,
+    /// Queues read since the last commit: if the transaction that read them is rolled
+    /// back, what was read may be later than the truth (promotions undone), so they are
+    /// read again.
+    read_uncommitted: HashSet<String>,
     /// Where the next tick starts when more queues are due than it can serve.
     rotation: usize,
 }
@@ -57,6 +61,16 @@ impl DueQueues {
         }
     }
 
+    /// The transaction that read due times committed: they hold.
+    pub fn committed(&mut self) {
+        self.read_uncommitted.clear();
+    }
+
+    /// A job or the transaction was rolled back: read again what it read.
+    pub fn rolled_back(&mut self) {
+        self.unknown.extend(self.read_uncommitted.drain());
+    }
+
     fn set(&mut self, queue: &str, earliest: Option<i64>) {
         if let Some(old) = self.known.remove(queue) {
             self.by_time.remove(&(old, queue.to_owned()));
@@ -73,6 +87,9 @@ impl DueQueues {
             .prepare_cached("SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 0")?
             .query_row([queue], |r| r.get(0))?;
         self.set(queue, earliest);
+        if !self.read_uncommitted.contains(queue) {
+            self.read_uncommitted.insert(queue.to_owned());
+        }
         Ok(())
     }
 
@@ -271,5 +288,22 @@ mod tests {
         assert!(!p.more);
         assert_eq!(due.earliest(&conn).expect("earliest"), None);
         assert!(due.known.is_empty() && due.by_time.is_empty() && due.unknown.is_empty());
+    }
+
+    /// A tick whose job is rolled back must not leave the promoted queue's later due
+    /// time behind: the messages are scheduled again, due now.
+    #[test]
+    fn due_times_read_in_a_rolled_back_transaction_are_read_again() {
+        let conn = db();
+        schedule(&conn, "a", 10, 1);
+        schedule(&conn, "a", 50, 1);
+        let mut due = DueQueues::new(["a".to_owned()]);
+        due.committed();
+        conn.execute_batch("BEGIN").expect("begin");
+        let p = promote(&conn, &mut due, 20, 100).expect("promote");
+        assert_eq!(p.per_queue, vec![("a".into(), 1)]);
+        conn.execute_batch("ROLLBACK").expect("rollback");
+        due.rolled_back();
+        assert_eq!(due.earliest(&conn).expect("earliest"), Some(10));
     }
 }

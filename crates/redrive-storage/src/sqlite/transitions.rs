@@ -117,6 +117,7 @@ impl WriterState {
     }
 
     pub fn discard_command(&mut self) {
+        self.due.rolled_back();
         self.job_delta.clear();
         self.job_wake = None;
         self.job_exact_wake = None;
@@ -125,6 +126,7 @@ impl WriterState {
     /// After a successful commit: publish counts, return the new wake hint.
     /// Returns the wake hint and the number of message transitions committed.
     pub fn finish_batch(&mut self) -> (Option<Timestamp>, usize) {
+        self.due.committed();
         let changes = self.batch_delta.len();
         if let Ok(mut counts) = self.counts.lock() {
             for (queue, from, to) in self.batch_delta.drain(..) {
