@@ -123,7 +123,7 @@ pub fn search(
         args.push(Value::Text(q.clone()));
     }
     // The state is inlined as a literal (it is a small integer of an enum, not user text):
-    // SQLite uses a partial index (`ix_dead`, `ix_ready` …) only when the query's WHERE
+    // SQLite uses a partial index (`ix_dead`, `ix_scheduled` …) only when the query's WHERE
     // literally implies the index's.
     let state_clause;
     if let Some(s) = filter.state {

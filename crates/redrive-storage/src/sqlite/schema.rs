@@ -122,15 +122,19 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
 }
 
 fn migrate_in_transaction(conn: &Connection) -> Result<(), crate::StoreError> {
+    // Read before `SCHEMA` runs: its indexes name columns an older table lacks until
+    // the steps below add them. A new store gets `SCHEMA` directly.
     let found = stored_version(conn);
-    match found {
-        Some(v) if v > SCHEMA_VERSION => {
+    if let Some(v) = found {
+        if v > SCHEMA_VERSION {
             return Err(crate::StoreError::Backend(format!(
                 "data directory has schema version {v}, this redrive knows {SCHEMA_VERSION}: upgrade redrive"
             )));
         }
-        Some(v) if v < 3 => conn.execute_batch(MIGRATE_TO_V3)?,
-        _ => {}
+        // One step per version, oldest first.
+        if v < 3 {
+            conn.execute_batch(MIGRATE_TO_V3)?;
+        }
     }
     conn.execute_batch(SCHEMA)?;
     if found != Some(SCHEMA_VERSION) {
