@@ -306,7 +306,11 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
             r.get(0)
         })
         .expect("version");
-    assert_eq!(version, "2", "the data directory is marked upgraded");
+    assert_eq!(
+        version,
+        "3", // the current schema version (schema.rs SCHEMA_VERSION)
+        "the data directory is marked upgraded"
+    );
     // And it opens again as a current one.
     SqliteStore::open(options(dir.path()))
         .expect("reopen")

@@ -446,18 +446,14 @@ pub async fn ack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(
-        items,
-        s.config.max_response_bytes,
-        |refs| async move {
-            Ok(engine
-                .ack(refs)
-                .await?
-                .into_iter()
-                .map(|r| r.map(|a| a.message))
-                .collect())
-        },
-    )
+    run_batch(items, s.config.max_response_bytes, |refs| async move {
+        Ok(engine
+            .ack(refs)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|a| a.message))
+            .collect())
+    })
     .await
 }
 
@@ -475,11 +471,8 @@ pub async fn nack_batch(
         .enumerate()
         .map(|(n, i)| {
             let parsed = message_id(&i.id).and_then(|id| {
-                let failure = nack_failure(
-                    &format!("items[{n}].error"),
-                    i.error.as_ref(),
-                    &s.config,
-                )?;
+                let failure =
+                    nack_failure(&format!("items[{n}].error"), i.error.as_ref(), &s.config)?;
                 Ok(Nack {
                     lease: LeaseRef { id, token: i.lease },
                     failure,
@@ -489,17 +482,13 @@ pub async fn nack_batch(
         })
         .collect();
     let engine = s.engine.clone();
-    run_batch(
-        items,
-        s.config.max_response_bytes,
-        |nacks| async move {
-            Ok(engine
-                .nack(nacks)
-                .await?
-                .into_iter()
-                .map(|r| r.map(|f| f.message))
-                .collect())
-        },
-    )
+    run_batch(items, s.config.max_response_bytes, |nacks| async move {
+        Ok(engine
+            .nack(nacks)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|f| f.message))
+            .collect())
+    })
     .await
 }

@@ -12,6 +12,8 @@
 mod checkpoint;
 mod group_commit;
 mod idempotency;
+mod key_order;
+mod promotion;
 mod reads;
 mod row;
 mod schema;
@@ -176,16 +178,17 @@ impl SqliteStore {
         // Checkpoints run on their own thread (see `checkpoint`), not inside commits.
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0").db()?;
         schema::migrate(&conn)?;
+        key_order::reconcile(&conn, &opts.catalog)?;
         let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
-        let next_wake = reads::next_wake(&conn)?;
         let seed = opts.seed.unwrap_or_else(random_seed);
-        let state = WriterState::new(
+        let mut state = WriterState::new(
             conn,
             seed,
             opts.catalog.clone(),
             opts.idempotency_window_ms,
             counts.clone(),
         );
+        let next_wake = state.next_wake()?.map(Timestamp::from_millis);
         let (tx, rx) = mpsc::channel(WRITER_QUEUE_DEPTH);
         let (wake_tx, wake_rx) = watch::channel(next_wake);
         let shared = Arc::new(Shared {

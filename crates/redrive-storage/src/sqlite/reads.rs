@@ -74,18 +74,15 @@ pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     Ok(counts)
 }
 
-/// The earliest scheduled due time or lease expiry: two index seeks (`ix_scheduled`,
-/// `ix_leased`). Used at open and by every tick.
-pub fn next_wake(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
+/// The earliest lease expiry, ms: one index seek (`ix_leased`). With the earliest
+/// scheduled due time (kept per queue by the writer, `promotion.rs`), the next wake-up.
+pub fn next_lease_expiry(conn: &Connection) -> Result<Option<i64>, StoreError> {
     let v: Option<i64> = conn
-        .prepare_cached(
-            "SELECT MIN(t) FROM (SELECT MIN(due_at) AS t FROM messages WHERE state = 0 \
-             UNION ALL SELECT MIN(lease_expires_at) FROM messages WHERE state = 2)",
-        )
+        .prepare_cached("SELECT MIN(lease_expires_at) FROM messages WHERE state = 2")
         .db()?
         .query_row([], |r| r.get(0))
         .db()?;
-    Ok(v.map(Timestamp::from_millis))
+    Ok(v)
 }
 
 pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreError> {
@@ -135,7 +132,7 @@ pub fn search(
         args.push(Value::Text(q.clone()));
     }
     // The state is inlined as a literal (it is a small integer of an enum, not user text):
-    // SQLite uses a partial index (`ix_dead`, `ix_ready` …) only when the query's WHERE
+    // SQLite uses a partial index (`ix_dead`, `ix_scheduled` …) only when the query's WHERE
     // literally implies the index's.
     let state_clause;
     if let Some(s) = filter.state {
@@ -224,15 +221,19 @@ pub fn queue_stats(
     counts: Vec<(String, [i64; 5])>,
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
-    let mut stmt = conn
+    let mut stmt = conn.prepare_cached(
+        "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND key_order IS NOT 1 AND priority = ?2",
+    ).db()?;
+    let mut blocked = conn
         .prepare_cached(
-            "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND priority = ?2",
+            "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND key_order = 1",
         )
         .db()?;
     for (queue, c) in counts {
         let mut oldest: Option<i64> = None;
         if c[State::Ready.code() as usize] > 0 {
-            // One index seek per priority level on ix_ready, instead of a scan.
+            // One index seek per priority level on ix_ready, instead of a scan, and one on
+            // ix_ready_blocked for the ready messages waiting behind their key's head.
             for p in 0..=9u8 {
                 let v: Option<i64> = stmt
                     .query_row(rusqlite::params![queue, p], |r| r.get(0))
@@ -240,6 +241,10 @@ pub fn queue_stats(
                 if let Some(v) = v {
                     oldest = Some(oldest.map_or(v, |o| o.min(v)));
                 }
+            }
+            let v: Option<i64> = blocked.query_row([&queue], |r| r.get(0)).db()?;
+            if let Some(v) = v {
+                oldest = Some(oldest.map_or(v, |o| o.min(v)));
             }
         }
         out.push(QueueStats {

@@ -7,6 +7,8 @@
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
 use super::idempotency::{PurgedKey, Tombstone};
+use super::key_order::{self, Mode};
+use super::promotion::{self, DueQueues};
 use super::row::Row;
 use super::schema::columns;
 use super::sql_error::SqlResultExt;
@@ -16,7 +18,7 @@ use crate::{
 };
 use redrive_core::{
     DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent, LastError, Message,
-    MessageId, NewMessage, OnDead, Ordering, QueueCatalog, SplitMix64, State, Timestamp,
+    MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -25,8 +27,6 @@ use std::sync::{Arc, Mutex};
 /// Per-queue message counts, indexed by [`State::code`].
 pub type Counts = HashMap<String, [i64; 5]>;
 
-/// At most this many scheduled messages become ready in one tick.
-const TICK_PROMOTE_LIMIT: i64 = 10_000;
 /// At most this many expired leases are failed in one tick.
 const TICK_EXPIRE_LIMIT: i64 = 1_000;
 /// At most this many done messages are deleted by one purge.
@@ -50,6 +50,8 @@ pub struct WriterState {
     job_wake: Option<i64>,
     job_exact_wake: Option<Option<i64>>,
     batch_wake: Option<i64>,
+    /// Which queues have scheduled messages, from when (the tick's fair promotion).
+    due: DueQueues,
 }
 
 impl WriterState {
@@ -60,6 +62,15 @@ impl WriterState {
         idempotency_window_ms: u64,
         counts: Arc<Mutex<Counts>>,
     ) -> Self {
+        let scheduled: Vec<String> = counts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .filter(|(_, n)| n[State::Scheduled.code() as usize] > 0)
+                    .map(|(q, _)| q.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
         Self {
             conn,
             refusing: false,
@@ -72,7 +83,17 @@ impl WriterState {
             job_wake: None,
             job_exact_wake: None,
             batch_wake: None,
+            due: DueQueues::new(scheduled),
         }
+    }
+
+    /// The earliest scheduled due time or lease expiry, ms: at open and after a tick.
+    pub fn next_wake(&mut self) -> Result<Option<i64>, StoreError> {
+        let leases = super::reads::next_lease_expiry(&self.conn)?;
+        Ok(match (self.due.earliest(&self.conn)?, leases) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 
     // ---- batch bookkeeping (called by group_commit) ----
@@ -98,6 +119,7 @@ impl WriterState {
     }
 
     pub fn discard_command(&mut self) {
+        self.due.rolled_back();
         self.job_delta.clear();
         self.job_wake = None;
         self.job_exact_wake = None;
@@ -106,6 +128,7 @@ impl WriterState {
     /// After a successful commit: publish counts, return the new wake hint.
     /// Returns the wake hint and the number of message transitions committed.
     pub fn finish_batch(&mut self) -> (Option<Timestamp>, usize) {
+        self.due.committed();
         let changes = self.batch_delta.len();
         if let Ok(mut counts) = self.counts.lock() {
             for (queue, from, to) in self.batch_delta.drain(..) {
@@ -128,7 +151,24 @@ impl WriterState {
     }
 
     fn moved(&mut self, queue: &str, from: Option<State>, to: Option<State>) {
+        if to == Some(State::Scheduled) {
+            self.due.scheduled(queue);
+        }
         self.job_delta.push((queue.to_owned(), from, to));
+    }
+
+    /// Per-key ordering after a transition of message `seq` (see `key_order`).
+    fn settle_key(&self, queue: &str, key: Option<&str>, seq: i64) -> Result<(), StoreError> {
+        match key {
+            Some(key) => key_order::settle(
+                &self.conn,
+                Mode::of(self.catalog.get(queue)),
+                queue,
+                key,
+                seq,
+            ),
+            None => Ok(()),
+        }
     }
 
     fn wake_at(&mut self, at: i64) {
@@ -268,6 +308,7 @@ impl WriterState {
                 item.failed.as_ref().map(|f| f.class.as_str()),
                 &history_json,
             )?;
+            self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
             if let Some(ikey) = &item.idempotency_key {
                 self.conn
                     .prepare_cached(
@@ -312,12 +353,17 @@ impl WriterState {
         error_class: Option<&str>,
         history: &str,
     ) -> Result<i64, StoreError> {
+        let order = key_order::initial(
+            Mode::of(self.catalog.get(&row.queue)),
+            row.key.as_deref(),
+            row.state,
+        );
         self.conn
             .prepare_cached(
                 "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, payload, headers, \
                  attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, finished_at, dead_reason, \
-                 error_class, last_error, history) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18)",
+                 error_class, last_error, history, key_order) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
             ).db()?
             .execute(params![
                 row.id,
@@ -338,6 +384,7 @@ impl WriterState {
                 error_class,
                 row.last_error,
                 history,
+                order,
             ]).db()?;
         Ok(self.conn.last_insert_rowid())
     }
@@ -440,6 +487,7 @@ impl WriterState {
                 serde_json::to_string(&entry)?,
             ]).db()?;
         self.moved(&row.queue, Some(from), Some(row.state));
+        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         if row.state == State::Scheduled {
             if let Some(d) = row.due_at {
                 self.wake_at(d);
@@ -455,45 +503,7 @@ impl WriterState {
     }
 
     pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
-        let settings = self.catalog.get(&req.queue);
-        // One statement leases the whole batch: pick the ready rows (subquery), mark them
-        // leased, return them. SET expressions see the row as it was, so the token's attempt
-        // number is the new one. The token is `attempt-random`, random per lease call: it
-        // differs between any two leases of one message, which is all fencing needs.
-        //
-        // Under `ordering = "key"`, a ready message of a key is leasable when no earlier
-        // message of its key is pending (scheduled, ready, leased; dead too under `block`)
-        // and no message of its key at all is leased: an older message redriven while a
-        // later one is out must wait for it (one lease per key, SPEC §4).
-        macro_rules! lease_sql {
-            ($pick:expr) => {
-                concat!(
-                    "UPDATE messages SET state = 2, attempts = attempts + 1, \
-                     lease_token = (attempts + 1) || '-' || ?3, leased_at = ?4, lease_expires_at = ?5, \
-                     updated_at = ?4 WHERE seq IN (", $pick, ") RETURNING ", columns!()
-                )
-            };
-        }
-        macro_rules! keyed {
-            ($blocking:literal) => {
-                concat!(
-                    "SELECT seq FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR ( \
-                     NOT EXISTS (SELECT 1 FROM messages p WHERE p.queue = ?1 AND p.msg_key = m.msg_key \
-                      AND p.seq < m.seq AND p.state IN (", $blocking, ")) \
-                     AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.queue = ?1 AND l.msg_key = m.msg_key \
-                      AND l.state = 2))) \
-                     ORDER BY priority DESC, due_at, seq LIMIT ?2"
-                )
-            };
-        }
-        let sql = match (settings.ordering, settings.on_dead) {
-            (Ordering::None, _) => lease_sql!(
-                "SELECT seq FROM messages WHERE queue = ?1 AND state = 1 \
-                 ORDER BY priority DESC, due_at, seq LIMIT ?2"
-            ),
-            (Ordering::Key, OnDead::Skip) => lease_sql!(keyed!("0, 1, 2")),
-            (Ordering::Key, OnDead::Block) => lease_sql!(keyed!("0, 1, 2, 4")),
-        };
+        let sql = lease_sql(Mode::of(self.catalog.get(&req.queue)));
         let expires = now.plus_ms(req.lease_ms);
         let nonce = format!("{:016x}", self.rng.next_u64());
         let mut rows: Vec<Row> = self
@@ -565,6 +575,7 @@ impl WriterState {
             .optional().db()?;
         if let Some(row) = fast {
             self.moved(&row.queue, Some(State::Leased), Some(State::Done));
+            self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
             return Ok(Acked {
                 message: row.to_message(None)?,
                 repeated: false,
@@ -633,6 +644,7 @@ impl WriterState {
         };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Ready));
+        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.full_message(row.seq)
     }
 
@@ -663,6 +675,7 @@ impl WriterState {
         };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Dead));
+        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.full_message(row.seq)
     }
 
@@ -684,6 +697,7 @@ impl WriterState {
                 .db()?;
         }
         self.moved(&row.queue, Some(row.state), None);
+        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         Ok(message)
     }
 
@@ -706,21 +720,15 @@ impl WriterState {
 
     pub fn tick(&mut self, now: Timestamp) -> Result<TickOutcome, StoreError> {
         let t = now.as_millis();
-        let promoted: Vec<String> = self
-            .conn
-            .prepare_cached(
-                "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
-                 (SELECT seq FROM messages WHERE state = 0 AND due_at <= ?1 ORDER BY due_at LIMIT ?2) RETURNING queue",
-            ).db()?
-            .query_map(params![t, TICK_PROMOTE_LIMIT], |r| r.get(0)).db()?
-            .collect::<Result<_, _>>().db()?;
-        let mut more = promoted.len() as i64 >= TICK_PROMOTE_LIMIT;
+        let promoted =
+            promotion::promote(&self.conn, &mut self.due, t, promotion::TICK_PROMOTE_LIMIT)?;
+        let mut more = promoted.more;
         let mut ready_queues: Vec<String> = Vec::new();
-        for q in &promoted {
-            self.moved(q, Some(State::Scheduled), Some(State::Ready));
-            if !ready_queues.contains(q) {
-                ready_queues.push(q.clone());
+        for (q, n) in promoted.per_queue {
+            for _ in 0..n {
+                self.moved(&q, Some(State::Scheduled), Some(State::Ready));
             }
+            ready_queues.push(q);
         }
         let sql = concat!(
             "SELECT ",
@@ -747,8 +755,7 @@ impl WriterState {
             }
             expired.push(outcome);
         }
-        let next = super::reads::next_wake(&self.conn)?.map(Timestamp::as_millis);
-        let next = if more { Some(t) } else { next };
+        let next = if more { Some(t) } else { self.next_wake()? };
         self.job_wake = None;
         self.job_exact_wake = Some(next);
         Ok(TickOutcome {
@@ -830,6 +837,40 @@ impl WriterState {
             idempotency_deleted: idem as u64,
             more,
         })
+    }
+}
+
+/// The lease statement for a queue ordered by `mode`.
+///
+/// One statement leases the whole batch: pick the ready rows (subquery), mark them
+/// leased, return them. SET expressions see the row as it was, so the token's attempt
+/// number is the new one. The token is `attempt-random`, random per lease call: it
+/// differs between any two leases of one message, which is all fencing needs.
+///
+/// Under `ordering = "key"`, a ready message of a key is leasable when no earlier
+/// message of its key is pending (scheduled, ready, leased; dead too under `block`)
+/// and no message of its key at all is leased: an older message redriven while a
+/// later one is out must wait for it (one lease per key, SPEC §4). `key_order.rs`
+/// keeps that answer in `key_order` (1: must wait), and `ix_ready` leaves those
+/// rows out, so the pick is the same index range scan with or without ordering and
+/// never walks a key's backlog. A leased head makes its key wait (`key_order` 1).
+pub(crate) fn lease_sql(mode: Mode) -> &'static str {
+    macro_rules! lease_sql {
+        ($set:literal) => {
+            concat!(
+                "UPDATE messages SET state = 2, attempts = attempts + 1, \
+                 lease_token = (attempts + 1) || '-' || ?3, leased_at = ?4, lease_expires_at = ?5, \
+                 updated_at = ?4", $set, " WHERE seq IN (SELECT seq FROM messages WHERE queue = ?1 \
+                 AND state = 1 AND key_order IS NOT 1 ORDER BY priority DESC, due_at, seq LIMIT ?2) \
+                 RETURNING ", columns!()
+            )
+        };
+    }
+    match mode {
+        Mode::Unordered => lease_sql!(""),
+        Mode::Skip | Mode::Block => {
+            lease_sql!(", key_order = CASE WHEN key_order IS NULL THEN NULL ELSE 1 END")
+        }
     }
 }
 
