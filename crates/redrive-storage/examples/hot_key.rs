@@ -70,6 +70,7 @@ async fn lease_one(store: &SqliteStore) -> Vec<Leased> {
                 queue: QUEUE.into(),
                 max: 1,
                 lease_ms: LEASE_MS,
+                max_bytes: None,
             },
             Timestamp::now(),
         )

@@ -15,6 +15,11 @@ pub struct LeaseRequest {
     pub max: u32,
     /// Lease length, ms.
     pub lease_ms: u64,
+    /// Stop before the leased messages' stored JSON (payload, headers, last error, key)
+    /// would pass this many bytes; at least one message is leased whatever its size. `None`:
+    /// no byte bound. Lets an API answer stay under its size limit in one call, without
+    /// leasing a message it cannot answer.
+    pub max_bytes: Option<u64>,
 }
 
 /// A message handed to a consumer.

@@ -61,6 +61,7 @@ async fn lease(s: &SqliteStore, queue: &str, max: u32, now: i64) -> Vec<redrive_
             queue: queue.into(),
             max,
             lease_ms: 60_000,
+            max_bytes: None,
         },
         at(now),
     )
@@ -542,6 +543,7 @@ impl Run {
                             queue: Q.into(),
                             max: *max,
                             lease_ms: *lease_ms,
+                            max_bytes: None,
                         },
                         now,
                     )
@@ -659,4 +661,36 @@ proptest! {
         let on_dead = if block { OnDead::Block } else { OnDead::Skip };
         rt.block_on(run(on_dead, ops))?;
     }
+}
+
+/// A lease with a byte bound stops before the messages' stored JSON passes it (at least one),
+/// in one call, and leaves the rest ready: an API answer stays under its size limit without
+/// leasing a message it cannot answer, and without a second commit.
+#[tokio::test]
+async fn lease_stops_at_max_bytes_and_leaves_the_rest_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(SqliteOptions::new(dir.path())).unwrap();
+    let now = redrive_core::Timestamp::from_millis(1_000_000);
+    let items = (0..10)
+        .map(|_| NewMessage::new("big", serde_json::Value::String("z".repeat(1_000))))
+        .collect();
+    store.publish(items, now).await.unwrap();
+    let lease = |max_bytes| LeaseRequest {
+        queue: "big".into(),
+        max: 10,
+        lease_ms: 60_000,
+        max_bytes,
+    };
+    // Each payload is 1,002 bytes of JSON: 3,500 bytes hold three.
+    let got = store.lease(lease(Some(3_500)), now).await.unwrap();
+    assert_eq!(got.len(), 3);
+    // A bound smaller than one message still leases one.
+    let got = store.lease(lease(Some(10)), now).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let stats = store.queue_stats().await.unwrap();
+    assert_eq!(stats[0].count(redrive_core::State::Ready), 6);
+    assert_eq!(stats[0].count(redrive_core::State::Leased), 4);
+    let got = store.lease(lease(None), now).await.unwrap();
+    assert_eq!(got.len(), 6, "no bound: all the rest");
+    store.close().await;
 }

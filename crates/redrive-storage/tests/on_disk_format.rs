@@ -249,6 +249,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 queue: SHORT_AGE.into(),
                 max: 1,
                 lease_ms: 30_000,
+                max_bytes: None,
             },
             at(3_600_001),
         )
@@ -277,6 +278,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 queue: Q.into(),
                 max: 1,
                 lease_ms: 30_000,
+                max_bytes: None,
             },
             at(30),
         )

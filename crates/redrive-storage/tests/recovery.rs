@@ -25,6 +25,7 @@ async fn lease(s: &SqliteStore, max: u32, lease_ms: u64, now: i64) -> Vec<Leased
             queue: Q.into(),
             max,
             lease_ms,
+            max_bytes: None,
         },
         at(now),
     )

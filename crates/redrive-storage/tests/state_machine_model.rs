@@ -353,6 +353,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         queue: Q.to_owned(),
                         max: *max,
                         lease_ms: *lease_ms,
+                        max_bytes: None,
                     },
                     now,
                 )

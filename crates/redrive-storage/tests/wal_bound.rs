@@ -36,6 +36,7 @@ async fn wal_stays_under_its_bound_under_continuous_writes() {
                     queue: "q".into(),
                     max: 50,
                     lease_ms: 30_000,
+                    max_bytes: None,
                 },
                 Timestamp::now(),
             )

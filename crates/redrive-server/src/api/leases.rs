@@ -1,7 +1,7 @@
 //! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
 
 use super::contract::Ranges;
-use super::limits::{fitting, message_bound_bytes, JsonArray};
+use super::limits::{JsonArray, MESSAGE_FIXED_BYTES};
 use super::messages::failure;
 use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
 use crate::Config;
@@ -99,21 +99,27 @@ pub async fn lease(
         Some(w) => duration_field("wait", w, ranges.wait)?,
         None => 0,
     };
-    // Ask for as many messages as surely fit in what is left of `max_response_bytes`, and
-    // again while room is left (see `limits`): fewer than `max` rather than a larger answer,
-    // and never a leased message that is not in the answer.
-    let bound = message_bound_bytes(cfg);
+    // The store stops before the messages' stored JSON passes what is left of
+    // `max_response_bytes` after each message's fixed part (see `limits`): fewer than `max`
+    // rather than a larger answer, and never a leased message that is not in the answer.
+    // It leases at least one, which the config guarantees fits (`message_bound_bytes`).
     let mut out = JsonArray::new("{\"messages\":");
     let mut wait = wait_ms;
     loop {
-        let want = (max as usize - out.count()).min(fitting(
-            cfg.max_response_bytes.saturating_sub(out.bytes()),
-            bound,
-        ));
-        if want == 0 {
+        let want = max as usize - out.count();
+        let room = cfg
+            .max_response_bytes
+            .saturating_sub(out.bytes())
+            .saturating_sub(want.saturating_mul(MESSAGE_FIXED_BYTES));
+        if want == 0 || (out.count() > 0 && room == 0) {
             break;
         }
-        let leased = match s.engine.lease(&queue, want as u32, lease_ms, wait).await {
+        let max_bytes = Some(room as u64);
+        let leased = match s
+            .engine
+            .lease(&queue, want as u32, max_bytes, lease_ms, wait)
+            .await
+        {
             Ok(l) => l,
             Err(e) if out.count() == 0 => return Err(e.into()),
             Err(e) => {

@@ -54,6 +54,12 @@ pub fn message_bound_bytes(cfg: &Config) -> usize {
         .saturating_add(MESSAGE_OVERHEAD_BYTES)
 }
 
+/// The most bytes of one message in an answer besides its stored JSON (payload, headers,
+/// last error, key), which the store counts itself (`LeaseRequest::max_bytes`): field
+/// names, id, token, queue, timestamps, and the key's worst-case JSON escaping.
+pub const MESSAGE_FIXED_BYTES: usize =
+    JSON_ESCAPE_FACTOR * 2 * MAX_KEY_CHARS + MESSAGE_OVERHEAD_BYTES;
+
 /// How many messages may still be fetched with `remaining` bytes of budget.
 pub fn fitting(remaining: usize, bound: usize) -> usize {
     remaining / bound.max(1)

@@ -187,11 +187,13 @@ impl Engine {
         Ok(out)
     }
 
-    /// Lease up to `max` messages, long-polling up to `wait_ms` when none is ready.
+    /// Lease up to `max` messages (and at most `max_bytes` of stored message JSON, see
+    /// [`LeaseRequest::max_bytes`]), long-polling up to `wait_ms` when none is ready.
     pub async fn lease(
         &self,
         queue: &str,
         max: u32,
+        max_bytes: Option<u64>,
         lease_ms: Option<u64>,
         wait_ms: u64,
     ) -> Result<Vec<Leased>, StoreError> {
@@ -206,6 +208,7 @@ impl Engine {
                 queue: queue.to_owned(),
                 max,
                 lease_ms,
+                max_bytes,
             };
             let leased = self.store.lease(req, self.clock.now()).await?;
             if !leased.is_empty() || wait_ms == 0 || self.is_shutting_down() {

@@ -52,6 +52,7 @@ pub(crate) async fn lease<S: Store>(
                 queue: queue.to_owned(),
                 max,
                 lease_ms,
+                max_bytes: None,
             },
             now,
         )

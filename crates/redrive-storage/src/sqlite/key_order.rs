@@ -320,6 +320,7 @@ mod tests {
             queue: QUEUE.into(),
             max: 1,
             lease_ms: 60_000,
+            max_bytes: None,
         };
         w.lease(&req, Timestamp::from_millis(2_000)).expect("lease")
     }

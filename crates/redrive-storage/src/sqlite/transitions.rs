@@ -504,6 +504,10 @@ impl WriterState {
 
     pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
         let sql = lease_sql(Mode::of(self.catalog.get(&req.queue)));
+        let max = match req.max_bytes {
+            Some(budget) if req.max > 1 => self.fitting_lease(req, budget)?,
+            _ => req.max.max(1),
+        };
         let expires = now.plus_ms(req.lease_ms);
         let nonce = format!("{:016x}", self.rng.next_u64());
         let mut rows: Vec<Row> = self
@@ -511,13 +515,7 @@ impl WriterState {
             .prepare_cached(sql)
             .db()?
             .query_map(
-                params![
-                    req.queue,
-                    req.max.max(1),
-                    nonce,
-                    now.as_millis(),
-                    expires.as_millis()
-                ],
+                params![req.queue, max, nonce, now.as_millis(), expires.as_millis()],
                 Row::from_sql,
             )
             .db()?
@@ -546,6 +544,34 @@ impl WriterState {
             self.wake_at(expires.as_millis());
         }
         Ok(out)
+    }
+
+    /// How many of the next `req.max` leasable messages fit in `budget` bytes of stored
+    /// JSON (at least one): the same index range scan as the lease's pick, reading sizes.
+    fn fitting_lease(&self, req: &LeaseRequest, budget: u64) -> Result<u32, StoreError> {
+        let sizes: Vec<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT octet_length(payload) + ifnull(octet_length(headers), 0) \
+                 + ifnull(octet_length(last_error), 0) + ifnull(octet_length(msg_key), 0) \
+                 FROM messages WHERE queue = ?1 AND state = 1 AND key_order IS NOT 1 \
+                 ORDER BY priority DESC, due_at, seq LIMIT ?2",
+            )
+            .db()?
+            .query_map(params![req.queue, req.max], |r| r.get(0))
+            .db()?
+            .collect::<Result<_, _>>()
+            .db()?;
+        let mut used = 0u64;
+        let mut n = 0u32;
+        for size in sizes {
+            used = used.saturating_add(size.max(0) as u64);
+            if used > budget && n > 0 {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n.max(1))
     }
 
     /// The row of a lease, if `lease` is the message's live lease.
