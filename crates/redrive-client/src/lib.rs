@@ -45,7 +45,7 @@
 //! }
 //!
 //! // Errors carry the server's code.
-//! match client.get("01JNOSUCHMESSAGE0000000000").await {
+//! match client.get("0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f").await {
 //!     Err(redrive_client::Error::Api { status: 404, .. }) => println!("gone"),
 //!     other => println!("{other:?}"),
 //! }

@@ -96,11 +96,12 @@ pub fn truncate(s: &str, max: usize) -> String {
     out
 }
 
-/// Print a JSON value, pretty, on stdout.
-pub fn print_json(value: &serde_json::Value) {
+/// Print a value as pretty JSON on stdout (the typed answers of the client encode to
+/// the server's JSON as it was sent).
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
     match serde_json::to_string_pretty(value) {
         Ok(s) => println!("{s}"),
-        Err(_) => println!("{value}"),
+        Err(e) => eprintln!("error: cannot print the answer as JSON: {e}"),
     }
 }
 
