@@ -2,11 +2,14 @@
 //! batch-ack / batch-nack, with per-item results.
 
 use super::{Ctx, BENCH_LEASE};
+use redrive_client::ErrorDetail;
+use redrive_core::State;
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One leased message (the fields the bench reads).
+/// One leased message: the fields the bench reads of the client's
+/// [`redrive_client::LeasedMessage`] (decoding only these keeps the consumer cheap).
 #[derive(Debug, Deserialize)]
 pub struct Leased {
     /// Message id.
@@ -71,7 +74,8 @@ struct Batch<'a> {
     items: &'a [Item<'a>],
 }
 
-/// The result of one item of a batch ack/nack.
+/// The result of one item of a batch ack/nack: the fields the bench reads of the
+/// client's [`redrive_client::BatchResult`].
 #[derive(Debug, Deserialize)]
 pub struct ItemResult {
     /// HTTP status of this item.
@@ -79,24 +83,23 @@ pub struct ItemResult {
     pub status: u16,
     /// The message after the transition (nack: its new state).
     #[serde(default)]
-    pub message: Option<Value>,
-    /// The new state, if the server puts it on the item itself.
-    #[serde(default)]
-    pub state: Option<String>,
+    pub message: Option<MessageState>,
     /// The item's error.
     #[serde(default)]
-    pub error: Option<Value>,
+    pub error: Option<ErrorDetail>,
+}
+
+/// The state of a message after a transition (the only field of it the bench reads).
+#[derive(Debug, Deserialize)]
+pub struct MessageState {
+    /// The new state.
+    pub state: State,
 }
 
 impl ItemResult {
     /// The message's state after the transition, if given.
-    pub fn new_state(&self) -> Option<&str> {
-        self.state.as_deref().or_else(|| {
-            self.message
-                .as_ref()
-                .and_then(|m| m.get("state"))
-                .and_then(Value::as_str)
-        })
+    pub fn new_state(&self) -> Option<State> {
+        self.message.as_ref().map(|m| m.state)
     }
 }
 
@@ -162,18 +165,8 @@ pub async fn settle(
     };
     let verb = if nack { "nack" } else { "ack" };
     for r in answer.items.iter().filter(|r| r.status != 200) {
-        let code = r
-            .error
-            .as_ref()
-            .and_then(|e| e.get("code"))
-            .and_then(Value::as_str)
-            .unwrap_or("?");
-        let message = r
-            .error
-            .as_ref()
-            .and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let code = r.error.as_ref().map_or("?", |e| e.code.as_str());
+        let message = r.error.as_ref().map_or("", |e| e.message.as_str());
         ctx.errors.record(
             format!("{verb} item {} {code}", r.status),
             message.to_owned(),
@@ -209,14 +202,15 @@ mod tests {
     #[test]
     fn item_results_find_the_state() {
         let r: BatchAnswer = serde_json::from_str(
-            r#"{"items":[{"id":"a","status":200,"message":{"state":"ready"}},{"id":"b","status":200,"state":"dead"},
+            r#"{"items":[{"id":"a","status":200,"message":{"state":"ready"}},{"id":"b","status":200,"message":{"state":"dead","attempts":3}},
                 {"id":"c","status":409,"error":{"code":"lease_expired","message":"x"}}]}"#,
         )
         .unwrap();
-        assert_eq!(r.items[0].new_state(), Some("ready"));
-        assert_eq!(r.items[1].new_state(), Some("dead"));
+        assert_eq!(r.items[0].new_state(), Some(State::Ready));
+        assert_eq!(r.items[1].new_state(), Some(State::Dead));
         assert_eq!(r.items[2].new_state(), None);
         assert_eq!(r.items[2].status, 409);
+        assert_eq!(r.items[2].error.as_ref().unwrap().code, "lease_expired");
     }
 
     #[test]

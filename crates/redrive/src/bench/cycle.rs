@@ -16,7 +16,6 @@ use super::report::Report;
 use super::stats::Samples;
 use super::{now_us, BenchArgs, Ctx, Workload};
 use redrive_core::{format_duration_ms, RetryPolicy};
-use reqwest::Method;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -243,7 +242,7 @@ async fn consume(
         if let Some(results) = nacked {
             for r in results.iter().filter(|r| r.status == 200) {
                 out.nacked += 1;
-                if r.new_state() == Some("dead") {
+                if r.new_state() == Some(redrive_core::State::Dead) {
                     out.dead_on_nack += 1;
                 }
             }
@@ -267,14 +266,12 @@ async fn consume(
 /// retry-cycle needs its queue to retry at once: check the policy the server
 /// reports for it before loading anything.
 async fn check_zero_delay_policy(ctx: &Ctx) -> anyhow::Result<()> {
-    let answer = ctx
-        .api
-        .json(Method::GET, ctx.url(&["v1", "queues", &ctx.queue]), None)
-        .await?;
-    let policy = answer
-        .get("policy")
-        .cloned()
-        .and_then(|p| serde_json::from_value::<RetryPolicy>(p).ok());
+    let policy: Option<RetryPolicy> = match ctx.api.queue(&ctx.queue).await {
+        Ok(view) => Some(view.policy),
+        // An answer of another shape (another version): warn below and go on.
+        Err(redrive_client::Error::Decode { .. }) => None,
+        Err(e) => return Err(crate::cli::client::cli_error(e)),
+    };
     match policy {
         Some(p) => match zero_delay_problem(&p) {
             Some(problem) => Err(anyhow::anyhow!(

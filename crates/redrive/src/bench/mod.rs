@@ -13,6 +13,13 @@
 //!
 //! One file per family of workloads: [`publish`] (publish, publish-batch,
 //! scheduled), [`cycle`] (cycle, retry-cycle), [`delayed`].
+//!
+//! Requests go through [`redrive_client::Client`], the typed client the CLI and the
+//! tests use, and failures are its typed errors. On the hot paths (publish, lease,
+//! batch ack / nack) the bench sends bodies it serialized itself with
+//! [`Client::post_raw`] and decodes only the fields it reads: a full typed decode of
+//! every leased message (ids, timestamps, headers) would spend on this side the CPU the
+//! server on the same machine needs.
 
 mod consumer;
 mod cycle;
@@ -22,19 +29,22 @@ mod publish;
 mod report;
 mod stats;
 
-use crate::cli::client::{api_error, http_client, transport_error, ApiClient};
+use crate::cli::client::cli_error;
 use crate::cli::output::print_json;
 use crate::cli::usage;
 use clap::{Args, ValueEnum};
+use redrive_client::Client;
 use redrive_core::{format_duration_ms, DurationMs};
 use report::{ErrorTally, Report};
-use reqwest::{header, Method, Url};
+use reqwest::Url;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Longest time one bench request may take (a long poll waits at most 5 s).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting may take before the server counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed request, so a dead server is not spun on.
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// How often progress is printed on stderr (human output only).
@@ -177,7 +187,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 #[derive(Debug)]
 pub struct Ctx {
     /// The server.
-    pub api: ApiClient,
+    pub api: Client,
     /// The queue of the run.
     pub queue: String,
     /// Tags this run's payloads (`"run"`), so leftovers of other runs are recognised.
@@ -227,51 +237,25 @@ impl Ctx {
 
     /// POST a JSON body; the answer's bytes on 2xx, `None` (error counted) otherwise.
     pub async fn post(&self, url: &Url, body: String) -> Option<bytes::Bytes> {
-        let sent = self
-            .api
-            .http()
-            .post(url.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await;
-        let resp = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                let kind = if e.is_connect() {
-                    "connect"
-                } else if e.is_timeout() {
-                    "timeout"
-                } else {
-                    "transport"
-                };
-                self.errors
-                    .record(kind, format!("{:#}", transport_error(url, e)));
-                tokio::time::sleep(ERROR_PAUSE).await;
-                return None;
-            }
+        use redrive_client::Error as E;
+        let e = match self.api.post_raw(url, body).await {
+            Ok(b) => return Some(b),
+            Err(e) => e,
         };
-        let status = resp.status();
-        match resp.bytes().await {
-            Ok(b) if status.is_success() => Some(b),
-            Ok(b) => {
-                let e = api_error(status, &String::from_utf8_lossy(&b));
-                let kind = match &e {
-                    crate::cli::CliError::Api { status, code, .. } => {
-                        format!("http {status} {code}")
-                    }
-                    _ => format!("http {}", status.as_u16()),
-                };
-                self.errors.record(kind, e.to_string());
-                tokio::time::sleep(ERROR_PAUSE).await;
-                None
-            }
-            Err(e) => {
-                self.errors.record("body", e.to_string());
-                None
-            }
+        let kind = match &e {
+            E::Api { status, code, .. } => format!("http {status} {code}"),
+            E::Unreachable { .. } => "connect".to_owned(),
+            E::Timeout { .. } => "timeout".to_owned(),
+            E::Interrupted { .. } => "body".to_owned(),
+            _ => "transport".to_owned(),
+        };
+        let pause = !matches!(e, E::Interrupted { .. });
+        self.errors
+            .record(kind, format!("{:#}", anyhow::Error::new(e)));
+        if pause {
+            tokio::time::sleep(ERROR_PAUSE).await;
         }
+        None
     }
 
     /// A payload `{"run", "n", "t" (µs since the epoch at send), extra…, "pad"}`.
@@ -315,7 +299,16 @@ pub fn run(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow::Result
 
 async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow::Result<()> {
     let connections = args.connections as usize;
-    let api = ApiClient::new(server.clone(), http_client(token, connections)?);
+    let mut api = Client::builder_for(server.clone())
+        .map_err(cli_error)?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .request_timeout(REQUEST_TIMEOUT)
+        .pool_idle_per_host(connections)
+        .user_agent(concat!("redrive-cli/", env!("CARGO_PKG_VERSION")));
+    if let Some(t) = token {
+        api = api.token(t);
+    }
+    let api = api.build().map_err(cli_error)?;
     let run_id = format!("{}-{}", std::process::id(), now_us() / 1000);
     let queue = match (&args.queue, args.workload) {
         (Some(q), _) => q.clone(),
@@ -333,16 +326,12 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
     });
 
     // Preflight: is the server there at all (exit 3 if not)?
-    ctx.api
-        .json(Method::GET, ctx.url(&["healthz"]), None)
-        .await
-        .or_else(|e| {
-            // /healthz may answer plain text; only an unreachable server is fatal here.
-            match e.downcast_ref::<crate::cli::CliError>() {
-                Some(crate::cli::CliError::Unreachable { .. }) => Err(e),
-                _ => Ok(serde_json::Value::Null),
-            }
-        })?;
+    if let Err(e) = ctx.api.healthz().await {
+        // Only an unreachable server is fatal here.
+        if e.is_unreachable() {
+            return Err(cli_error(e));
+        }
+    }
 
     let messages = args.messages.or(args.workload.default_messages());
     if !args.json {
@@ -409,19 +398,7 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
 
 /// Read the commit counters from `/metrics` (`None` if unavailable; the bench goes on).
 async fn metrics_snapshot(ctx: &Ctx) -> Option<prom::Snapshot> {
-    let url = ctx.url(&["metrics"]);
-    let resp = ctx
-        .api
-        .http()
-        .get(url)
-        .timeout(REQUEST_TIMEOUT)
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let text = resp.text().await.ok()?;
+    let text = ctx.api.metrics_text().await.ok()?;
     Some(prom::Snapshot::parse(&text, Instant::now()))
 }
 
@@ -514,10 +491,7 @@ mod tests {
     #[test]
     fn payload_is_json() {
         let ctx = Ctx {
-            api: ApiClient::new(
-                Url::parse("http://127.0.0.1:1").unwrap(),
-                reqwest::Client::new(),
-            ),
+            api: Client::new("http://127.0.0.1:1").unwrap(),
             queue: "q".into(),
             run_id: "1-2".into(),
             pad: "xx".into(),

@@ -1,15 +1,15 @@
-//! The thin client commands over the HTTP API (SPEC §5), and [`ApiClient`], the
-//! small wrapper they (and the bench) share: URL building, the bearer token, and
-//! the mapping of answers to [`CliError`]s (server error → exit 1, unreachable → exit 3).
+//! The thin client commands over the HTTP API (SPEC §5). They call the server through
+//! [`redrive_client::Client`], the typed client the bench and the tests share, and map its
+//! errors to [`CliError`]s (server error → exit 1, unreachable → exit 3).
 
 use super::output::{print_json, truncate, Align, Table};
 use super::{usage, CliError};
 use crate::{Command, ExportArgs, Filters, ListArgs, MessagesCommand, PublishArgs, QueuesArgs};
 use anyhow::Context;
-use futures_util::StreamExt;
-use redrive_core::{format_duration_ms, parse_duration_ms, Timestamp};
-use reqwest::{header, Method, StatusCode, Url};
-use serde_json::{json, Map, Value};
+use redrive_client::{Client, ExportFormat, Filter, Publish, QueueView, SearchPage};
+use redrive_core::{format_duration_ms, parse_duration_ms, ErrorClass, State, Timestamp};
+use reqwest::Url;
+use serde_json::Value;
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
@@ -20,167 +20,36 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest last-error message shown in the `messages list` table.
 const LIST_ERROR_CHARS: usize = 60;
 
-/// A client of one redrive server.
-#[derive(Debug, Clone)]
-pub struct ApiClient {
-    base: Url,
-    http: reqwest::Client,
-}
-
-/// Build the HTTP client every command uses: the token as a default header,
-/// keep-alive with up to `pool` idle connections.
-pub fn http_client(token: Option<&str>, pool: usize) -> anyhow::Result<reqwest::Client> {
-    let mut headers = header::HeaderMap::new();
-    if let Some(t) = token {
-        let mut v = header::HeaderValue::from_str(&format!("Bearer {}", t.trim()))
-            .map_err(|_| usage("--token: not a valid header value"))?;
-        v.set_sensitive(true);
-        headers.insert(header::AUTHORIZATION, v);
-    }
-    reqwest::Client::builder()
-        .default_headers(headers)
+/// The typed client every command uses: the token as a default header, keep-alive
+/// with up to `pool` idle connections.
+pub fn connect(server: &Url, token: Option<&str>, pool: usize) -> anyhow::Result<Client> {
+    let mut builder = Client::builder_for(server.clone())
+        .map_err(cli_error)?
         .connect_timeout(CONNECT_TIMEOUT)
-        .pool_max_idle_per_host(pool)
-        .tcp_nodelay(true)
-        .user_agent(concat!("redrive-cli/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .context("cannot build the HTTP client")
+        .request_timeout(REQUEST_TIMEOUT)
+        .pool_idle_per_host(pool)
+        .user_agent(concat!("redrive-cli/", env!("CARGO_PKG_VERSION")));
+    if let Some(t) = token {
+        builder = builder.token(t);
+    }
+    builder.build().map_err(cli_error)
 }
 
-impl ApiClient {
-    /// A client of the server at `base` using `http`.
-    pub fn new(base: Url, http: reqwest::Client) -> Self {
-        Self { base, http }
-    }
-
-    /// The underlying HTTP client (shared connection pool).
-    pub fn http(&self) -> &reqwest::Client {
-        &self.http
-    }
-
-    /// `base` + path segments (each percent-encoded) + query pairs (unset ones skipped).
-    pub fn url(&self, segments: &[&str], query: &[(&str, Option<String>)]) -> Url {
-        build_url(&self.base, segments, query)
-    }
-
-    /// Send a request and answer its response if 2xx; a server error becomes
-    /// [`CliError::Api`], a connection failure [`CliError::Unreachable`].
-    pub async fn send(
-        &self,
-        method: Method,
-        url: Url,
-        body: Option<&Value>,
-        stream: bool,
-    ) -> anyhow::Result<reqwest::Response> {
-        let mut req = self.http.request(method, url.clone());
-        if !stream {
-            req = req.timeout(REQUEST_TIMEOUT);
+/// A client error as the CLI reports it: the server's error is [`CliError::Api`] (exit 1),
+/// no answer is [`CliError::Unreachable`] (exit 3), a bad token is a usage error (exit 2);
+/// anything else exits 1 with its cause chain.
+pub fn cli_error(e: redrive_client::Error) -> anyhow::Error {
+    use redrive_client::Error as E;
+    match e {
+        E::Api { code, message, .. } => CliError::Api { code, message }.into(),
+        E::Unreachable { url, cause } => CliError::Unreachable { url, cause }.into(),
+        E::Timeout { url } => CliError::Unreachable {
+            url,
+            cause: "timed out".into(),
         }
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.map_err(|e| transport_error(&url, e))?;
-        if resp.status().is_success() {
-            return Ok(resp);
-        }
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        Err(api_error(status, &text).into())
-    }
-
-    /// Send and parse the JSON answer (`null` for an empty body).
-    pub async fn json(
-        &self,
-        method: Method,
-        url: Url,
-        body: Option<&Value>,
-    ) -> anyhow::Result<Value> {
-        let resp = self.send(method, url.clone(), body, false).await?;
-        let bytes = resp.bytes().await.map_err(|e| transport_error(&url, e))?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Value::Null);
-        }
-        serde_json::from_slice(&bytes)
-            .with_context(|| format!("the server's answer to {url} is not JSON"))
-    }
-}
-
-/// See [`ApiClient::url`].
-fn build_url(base: &Url, segments: &[&str], query: &[(&str, Option<String>)]) -> Url {
-    let mut url = base.clone();
-    if let Ok(mut path) = url.path_segments_mut() {
-        path.pop_if_empty().extend(segments);
-    }
-    let pairs: Vec<(&str, &str)> = query
-        .iter()
-        .filter_map(|(k, v)| v.as_deref().map(|v| (*k, v)))
-        .collect();
-    if pairs.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    url
-}
-
-/// A reqwest failure to get any answer.
-pub fn transport_error(url: &Url, e: reqwest::Error) -> anyhow::Error {
-    if e.is_connect() || e.is_timeout() {
-        let mut base = url.clone();
-        base.set_path("/");
-        base.set_query(None);
-        // The innermost cause ("Connection refused") says the most.
-        let mut cause: &dyn std::error::Error = &e;
-        while let Some(inner) = cause.source() {
-            cause = inner;
-        }
-        let cause = if e.is_timeout() {
-            "timed out".to_owned()
-        } else {
-            cause.to_string()
-        };
-        CliError::Unreachable {
-            url: base.to_string(),
-            cause,
-        }
-        .into()
-    } else {
-        anyhow::Error::new(e).context(format!("request to {url} failed"))
-    }
-}
-
-/// A non-2xx answer as a [`CliError::Api`]: the server's `{"error": {code, message}}`,
-/// or the status and raw text when the body is not one.
-pub fn api_error(status: StatusCode, body: &str) -> CliError {
-    let parsed: Option<(String, String)> = serde_json::from_str::<Value>(body).ok().and_then(|v| {
-        let e = v.get("error")?;
-        Some((
-            e.get("code")?.as_str()?.to_owned(),
-            e.get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-        ))
-    });
-    match parsed {
-        Some((code, message)) => CliError::Api {
-            status: status.as_u16(),
-            code,
-            message,
-        },
-        None => {
-            let text = body.trim();
-            let message = if text.is_empty() {
-                status.canonical_reason().unwrap_or("error").to_owned()
-            } else {
-                truncate(text, 200)
-            };
-            CliError::Api {
-                status: status.as_u16(),
-                code: format!("http_{}", status.as_u16()),
-                message,
-            }
-        }
+        .into(),
+        E::InvalidToken => usage("--token: not a valid header value"),
+        other => anyhow::Error::new(other),
     }
 }
 
@@ -271,52 +140,51 @@ fn parse_payload(text: &str, origin: &str) -> anyhow::Result<Value> {
     })
 }
 
-/// The body of `POST /v1/queues/{queue}/messages` for these arguments.
-pub fn publish_body(args: &PublishArgs, payload: Value) -> Value {
-    let mut body = Map::new();
-    body.insert("payload".into(), payload);
-    if !args.headers.is_empty() {
-        let headers: Map<String, Value> = args
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
-        body.insert("headers".into(), Value::Object(headers));
+/// The message to publish for these arguments.
+pub fn publish_request(args: &PublishArgs, payload: Value) -> Publish {
+    Publish {
+        payload,
+        headers: args.headers.iter().cloned().collect(),
+        key: args.key.clone(),
+        idempotency_key: args.idempotency_key.clone(),
+        priority: args.priority,
+        delay: args.delay.clone(),
+        deliver_at: args.deliver_at.clone(),
+        failed: None,
     }
-    let optional = [
-        ("key", args.key.clone().map(Value::String)),
-        (
-            "idempotency_key",
-            args.idempotency_key.clone().map(Value::String),
-        ),
-        ("priority", args.priority.map(Value::from)),
-        ("delay", args.delay.clone().map(Value::String)),
-        ("deliver_at", args.deliver_at.clone().map(Value::String)),
-    ];
-    for (k, v) in optional {
-        if let Some(v) = v {
-            body.insert(k.into(), v);
-        }
-    }
-    Value::Object(body)
 }
 
-/// The query of `GET /v1/messages` and its export.
-pub fn filter_query(f: &Filters) -> Vec<(&'static str, Option<String>)> {
-    vec![
-        ("queue", f.queue.clone()),
-        ("state", f.state.clone()),
-        ("key", f.key.clone()),
-        ("error_class", f.error_class.clone()),
-        ("q", f.q.clone()),
-        ("since", f.since.clone()),
-        ("until", f.until.clone()),
-    ]
+/// The search / export filter of these arguments (clap has already checked the
+/// state, the class and the times; a value it let through that does not parse here is
+/// still a usage error, not a panic).
+pub fn filter_of(f: &Filters) -> anyhow::Result<Filter> {
+    let time = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<Timestamp>> {
+        v.as_deref()
+            .map(|t| Timestamp::parse(t).map_err(|e| usage(format!("{flag}: {e}"))))
+            .transpose()
+    };
+    Ok(Filter {
+        queue: f.queue.clone(),
+        state: f
+            .state
+            .as_deref()
+            .map(|s| State::parse(s).ok_or_else(|| usage(format!("--state: {s:?}"))))
+            .transpose()?,
+        key: f.key.clone(),
+        error_class: f
+            .error_class
+            .as_deref()
+            .map(|c| ErrorClass::parse(c).ok_or_else(|| usage(format!("--error-class: {c:?}"))))
+            .transpose()?,
+        q: f.q.clone(),
+        since: time("--since", &f.since)?,
+        until: time("--until", &f.until)?,
+    })
 }
 
 /// Run a client command.
 pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow::Result<()> {
-    let api = ApiClient::new(server.clone(), http_client(token, 1)?);
+    let api = connect(server, token, 1)?;
     match command {
         Command::Publish(args) => publish(&api, &args).await,
         Command::Messages { command } => messages(&api, command).await,
@@ -327,66 +195,60 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
     }
 }
 
-async fn publish(api: &ApiClient, args: &PublishArgs) -> anyhow::Result<()> {
+async fn publish(api: &Client, args: &PublishArgs) -> anyhow::Result<()> {
     let payload = read_payload(args.payload.as_deref())?;
-    let body = publish_body(args, payload);
-    let url = api.url(&["v1", "queues", &args.queue, "messages"], &[]);
-    print_json(&api.json(Method::POST, url, Some(&body)).await?);
+    let message = publish_request(args, payload);
+    let published = api
+        .publish(&args.queue, &message)
+        .await
+        .map_err(cli_error)?;
+    print_json(&published.message);
     Ok(())
 }
 
-async fn messages(api: &ApiClient, command: MessagesCommand) -> anyhow::Result<()> {
-    let (method, url, body) = match command {
-        MessagesCommand::List(args) => return list(api, &args).await,
-        MessagesCommand::Export(args) => return export(api, &args).await,
-        MessagesCommand::Show { id } => (Method::GET, api.url(&["v1", "messages", &id], &[]), None),
-        MessagesCommand::Redrive { id } => (
-            Method::POST,
-            api.url(&["v1", "messages", &id, "redrive"], &[]),
-            None,
-        ),
+async fn messages(api: &Client, command: MessagesCommand) -> anyhow::Result<()> {
+    match command {
+        MessagesCommand::List(args) => list(api, &args).await,
+        MessagesCommand::Export(args) => export(api, &args).await,
+        MessagesCommand::Show { id } => {
+            print_json(&api.get(&id).await.map_err(cli_error)?);
+            Ok(())
+        }
+        MessagesCommand::Redrive { id } => {
+            print_json(&api.redrive(&id).await.map_err(cli_error)?);
+            Ok(())
+        }
         MessagesCommand::Kill { id, reason } => {
-            let body = match reason {
-                Some(r) => json!({ "reason": r }),
-                None => json!({}),
-            };
-            (
-                Method::POST,
-                api.url(&["v1", "messages", &id, "kill"], &[]),
-                Some(body),
-            )
+            let killed = api.kill(&id, reason.as_deref()).await.map_err(cli_error)?;
+            print_json(&killed);
+            Ok(())
         }
         MessagesCommand::Delete { id } => {
-            (Method::DELETE, api.url(&["v1", "messages", &id], &[]), None)
+            print_json(&api.delete(&id).await.map_err(cli_error)?);
+            Ok(())
         }
-    };
-    let answer = api.json(method, url, body.as_ref()).await?;
-    if !answer.is_null() {
-        print_json(&answer);
     }
-    Ok(())
 }
 
-async fn list(api: &ApiClient, args: &ListArgs) -> anyhow::Result<()> {
-    let mut query = filter_query(&args.filters);
-    query.push(("limit", args.limit.map(|l| l.to_string())));
-    query.push(("cursor", args.cursor.clone()));
-    let answer = api
-        .json(Method::GET, api.url(&["v1", "messages"], &query), None)
-        .await?;
+async fn list(api: &Client, args: &ListArgs) -> anyhow::Result<()> {
+    let filter = filter_of(&args.filters)?;
+    let page = api
+        .search(&filter, args.limit, args.cursor.as_deref())
+        .await
+        .map_err(cli_error)?;
     if args.json {
-        print_json(&answer);
+        print_json(&page);
         return Ok(());
     }
-    print!("{}", messages_table(&answer).render());
-    if let Some(next) = answer.get("next_cursor").and_then(Value::as_str) {
+    print!("{}", messages_table(&page).render());
+    if let Some(next) = &page.next_cursor {
         eprintln!("more: add --cursor {next}");
     }
     Ok(())
 }
 
 /// The `messages list` table: id, queue, state, attempts, key, last error.
-pub fn messages_table(answer: &Value) -> Table {
+pub fn messages_table(page: &SearchPage) -> Table {
     let mut t = Table::new(&[
         ("id", Align::Left),
         ("queue", Align::Left),
@@ -395,51 +257,41 @@ pub fn messages_table(answer: &Value) -> Table {
         ("key", Align::Left),
         ("last error", Align::Left),
     ]);
-    let empty = Vec::new();
-    let messages = answer
-        .get("messages")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    for m in messages {
-        let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
-        let attempts = m
-            .get("attempts")
-            .and_then(Value::as_u64)
-            .map_or("-".into(), |n| n.to_string());
-        let last_error = match m.get("last_error") {
-            Some(e) if e.is_object() => {
-                let class = e.get("class").and_then(Value::as_str).unwrap_or("error");
-                match e.get("message").and_then(Value::as_str) {
+    for m in &page.messages {
+        let last_error = match &m.last_error {
+            Some(e) => {
+                let class = e.class.as_str();
+                match e.message.as_deref() {
                     Some(msg) if !msg.is_empty() => {
                         truncate(&format!("{class}: {msg}"), LIST_ERROR_CHARS)
                     }
                     _ => class.to_owned(),
                 }
             }
-            _ => "-".to_owned(),
+            None => "-".to_owned(),
         };
         t.push(vec![
-            s("id"),
-            s("queue"),
-            s("state"),
-            attempts,
-            s("key"),
+            m.id.to_string(),
+            m.queue.clone(),
+            m.state.as_str().to_owned(),
+            m.attempts.to_string(),
+            m.key.clone().unwrap_or_else(|| "-".into()),
             last_error,
         ]);
     }
     t
 }
 
-async fn export(api: &ApiClient, args: &ExportArgs) -> anyhow::Result<()> {
-    let mut query = filter_query(&args.filters);
-    query.push(("format", Some(args.format.clone())));
-    let url = api.url(&["v1", "messages", "export"], &query);
-    let resp = api.send(Method::GET, url.clone(), None, true).await?;
+async fn export(api: &Client, args: &ExportArgs) -> anyhow::Result<()> {
+    let filter = filter_of(&args.filters)?;
+    let format = ExportFormat::parse(&args.format)
+        .ok_or_else(|| usage(format!("--format: {:?} is not csv or jsonl", args.format)))?;
+    let mut body = api.export(&filter, format).await.map_err(cli_error)?;
     match &args.output {
         None => {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            copy_stream(resp, &mut out, &url).await?;
+            copy_stream(&mut body, &mut out).await?;
             out.flush()?;
         }
         Some(path) => {
@@ -452,7 +304,7 @@ async fn export(api: &ApiClient, args: &ExportArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot create {}", part.display()))?;
             let mut w = std::io::BufWriter::new(file);
             let result = async {
-                let n = copy_stream(resp, &mut w, &url).await?;
+                let n = copy_stream(&mut body, &mut w).await?;
                 w.flush()?;
                 w.get_ref().sync_all()?;
                 anyhow::Ok(n)
@@ -476,35 +328,43 @@ async fn export(api: &ApiClient, args: &ExportArgs) -> anyhow::Result<()> {
 
 /// Copy a streamed body chunk by chunk; answers the number of bytes.
 async fn copy_stream(
-    resp: reqwest::Response,
+    body: &mut redrive_client::Export,
     out: &mut impl Write,
-    url: &Url,
 ) -> anyhow::Result<u64> {
-    let mut stream = resp.bytes_stream();
     let mut n = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            anyhow::Error::new(e).context(format!("export from {url} was interrupted"))
-        })?;
+    loop {
+        let chunk = match body.next_chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(n),
+            Err(redrive_client::Error::Interrupted { url, source }) => {
+                return Err(anyhow::Error::new(source)
+                    .context(format!("export from {url} was interrupted")))
+            }
+            Err(e) => return Err(cli_error(e)),
+        };
         out.write_all(&chunk).context("cannot write the export")?;
         n += chunk.len() as u64;
     }
-    Ok(n)
 }
 
-async fn queues(api: &ApiClient, args: &QueuesArgs) -> anyhow::Result<()> {
-    let url = match &args.name {
-        Some(name) => api.url(&["v1", "queues", name], &[]),
-        None => api.url(&["v1", "queues"], &[]),
-    };
-    let answer = api.json(Method::GET, url, None).await?;
-    if args.json {
-        print_json(&answer);
-        return Ok(());
-    }
-    let list = match answer.get("queues").and_then(Value::as_array) {
-        Some(list) => list.clone(),
-        None => vec![answer],
+async fn queues(api: &Client, args: &QueuesArgs) -> anyhow::Result<()> {
+    let list = match &args.name {
+        Some(name) => {
+            let q = api.queue(name).await.map_err(cli_error)?;
+            if args.json {
+                print_json(&q);
+                return Ok(());
+            }
+            vec![q]
+        }
+        None => {
+            let all = api.queues().await.map_err(cli_error)?;
+            if args.json {
+                print_json(&all);
+                return Ok(());
+            }
+            all.queues
+        }
     };
     print!("{}", queues_table(&list).render());
     Ok(())
@@ -521,7 +381,7 @@ fn age_ms(secs: f64) -> u64 {
 }
 
 /// The `queues` table: counts per state, oldest ready age and the policy in words.
-pub fn queues_table(queues: &[Value]) -> Table {
+pub fn queues_table(queues: &[QueueView]) -> Table {
     let mut t = Table::new(&[
         ("queue", Align::Left),
         ("scheduled", Align::Right),
@@ -533,33 +393,19 @@ pub fn queues_table(queues: &[Value]) -> Table {
         ("policy", Align::Left),
     ]);
     for q in queues {
-        let count = |state: &str| {
-            q.get("counts")
-                .and_then(|c| c.get(state))
-                .and_then(Value::as_u64)
-                .map_or("-".into(), |n| n.to_string())
-        };
+        let count = |state: State| q.count(state).map_or("-".into(), |n| n.to_string());
         let oldest = q
-            .get("oldest_ready_age_seconds")
-            .and_then(Value::as_f64)
+            .oldest_ready_age_seconds
             .map_or("-".into(), |s| format_duration_ms(age_ms(s)));
-        let policy = q
-            .get("policy_summary")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
         t.push(vec![
-            q.get("queue")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_owned(),
-            count("scheduled"),
-            count("ready"),
-            count("leased"),
-            count("done"),
-            count("dead"),
+            q.queue.clone(),
+            count(State::Scheduled),
+            count(State::Ready),
+            count(State::Leased),
+            count(State::Done),
+            count(State::Dead),
             oldest,
-            policy,
+            q.policy_summary.clone(),
         ]);
     }
     t
@@ -570,6 +416,12 @@ mod tests {
     use super::*;
     use crate::Cli;
     use clap::Parser;
+    use serde_json::json;
+
+    /// The JSON body a publish with these arguments sends.
+    fn publish_body(args: &PublishArgs, payload: Value) -> Value {
+        serde_json::to_value(publish_request(args, payload)).unwrap()
+    }
 
     fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
         let mut full = vec!["redrive"];
@@ -674,30 +526,28 @@ mod tests {
     }
 
     #[test]
-    fn urls_encode_segments_and_skip_unset_query() {
-        let base = Url::parse("http://127.0.0.1:7070").unwrap();
-        let u = build_url(&base, &["v1", "queues", "a b/c", "messages"], &[]);
+    fn client_errors_keep_their_exit_codes() {
+        let api = cli_error(redrive_client::Error::Api {
+            status: 404,
+            code: "not_found".into(),
+            message: "no message 01J".into(),
+        });
+        assert_eq!(api.to_string(), "not_found: no message 01J");
+        let code = |e: &anyhow::Error| e.downcast_ref::<CliError>().map(CliError::exit_code);
+        assert_eq!(code(&api), Some(1));
+        let down = cli_error(redrive_client::Error::Unreachable {
+            url: "http://127.0.0.1:1/".into(),
+            cause: "Connection refused (os error 111)".into(),
+        });
+        assert_eq!(code(&down), Some(3));
+        let slow = cli_error(redrive_client::Error::Timeout {
+            url: "http://127.0.0.1:1/".into(),
+        });
+        assert_eq!(code(&slow), Some(3));
+        assert!(slow.to_string().contains("timed out"), "{slow}");
         assert_eq!(
-            u.as_str(),
-            "http://127.0.0.1:7070/v1/queues/a%20b%2Fc/messages"
-        );
-        let u = build_url(
-            &base,
-            &["v1", "messages"],
-            &[
-                ("queue", Some("orders".into())),
-                ("state", None),
-                ("q", Some("a&b".into())),
-            ],
-        );
-        assert_eq!(
-            u.as_str(),
-            "http://127.0.0.1:7070/v1/messages?queue=orders&q=a%26b"
-        );
-        let prefixed = Url::parse("http://h:1/redrive/").unwrap();
-        assert_eq!(
-            build_url(&prefixed, &["v1", "queues"], &[]).as_str(),
-            "http://h:1/redrive/v1/queues"
+            code(&cli_error(redrive_client::Error::InvalidToken)),
+            Some(2)
         );
     }
 
@@ -722,10 +572,10 @@ mod tests {
         else {
             panic!()
         };
-        let q = filter_query(&a.filters);
-        assert!(q.contains(&("queue", Some("orders".into()))));
-        assert!(q.contains(&("state", Some("dead".into()))));
-        assert!(q.contains(&("error_class", Some("permanent".into()))));
+        let q = filter_of(&a.filters).unwrap().query();
+        assert!(q.contains(&("queue", "orders".into())));
+        assert!(q.contains(&("state", "dead".into())));
+        assert!(q.contains(&("error_class", "permanent".into())));
         assert_eq!(a.limit, Some(5));
         assert!(parse(&["messages", "list", "--state", "zombie"]).is_err());
     }
@@ -745,39 +595,51 @@ mod tests {
     }
 
     #[test]
-    fn server_errors_are_parsed() {
-        let e = api_error(
-            StatusCode::NOT_FOUND,
-            r#"{"error":{"code":"not_found","message":"no message 01J"}}"#,
-        );
-        assert_eq!(e.to_string(), "not_found: no message 01J");
-        let e = api_error(StatusCode::BAD_GATEWAY, "upstream down");
-        assert_eq!(e.to_string(), "http_502: upstream down");
-        let e = api_error(StatusCode::SERVICE_UNAVAILABLE, "");
-        assert_eq!(e.to_string(), "http_503: Service Unavailable");
-    }
-
-    #[test]
     fn messages_table_is_compact() {
-        let answer = json!({"messages": [
-            {"id": "01AAA", "queue": "orders", "state": "dead", "attempts": 8, "key": "u1",
-             "last_error": {"class": "transient", "message": "HTTP 503 from payments\nretry later", "at": "x"}},
-            {"id": "01BBB", "queue": "orders", "state": "ready", "attempts": 0}
-        ], "next_cursor": null});
+        let at = "2026-01-31T12:00:00.000Z";
+        let answer: SearchPage = serde_json::from_value(json!({"messages": [
+            {"id": "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f", "queue": "orders", "state": "dead", "attempts": 8, "key": "u1",
+             "payload": null, "headers": {}, "priority": 0, "created_at": at, "updated_at": at,
+             "last_error": {"class": "transient", "message": "HTTP 503 from payments\nretry later", "at": at}},
+            {"id": "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e70", "queue": "orders", "state": "ready", "attempts": 0,
+             "payload": 1, "headers": {}, "priority": 0, "created_at": at, "updated_at": at}
+        ], "next_cursor": null}))
+        .unwrap();
         let text = messages_table(&answer).render();
         assert_eq!(
             text,
-            "id     queue   state  attempts  key  last error\n\
-             01AAA  orders  dead          8  u1   transient: HTTP 503 from payments retry later\n\
-             01BBB  orders  ready         0  -    -\n"
+            "id                                    queue   state  attempts  key  last error\n\
+             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f  orders  dead          8  u1   transient: HTTP 503 from payments retry later\n\
+             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e70  orders  ready         0  -    -\n"
         );
     }
 
     #[test]
     fn queues_table_shows_counts() {
-        let q = json!({"queue": "orders", "counts": {"scheduled": 1, "ready": 20, "leased": 3, "done": 400, "dead": 2},
-                       "oldest_ready_age_seconds": 90.4, "policy_summary": "exponential"});
-        let empty = json!({"queue": "idle", "counts": {}, "oldest_ready_age_seconds": null});
+        let view =
+            |queue: &str, counts: &[(&str, u64)], age: Option<f64>, summary: &str| QueueView {
+                queue: queue.into(),
+                counts: counts.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect(),
+                oldest_ready_age_seconds: age,
+                policy: redrive_core::RetryPolicy::default(),
+                policy_summary: summary.into(),
+                ordering: redrive_core::Ordering::default(),
+                on_dead: redrive_core::OnDead::default(),
+                lease: None,
+            };
+        let q = view(
+            "orders",
+            &[
+                ("scheduled", 1),
+                ("ready", 20),
+                ("leased", 3),
+                ("done", 400),
+                ("dead", 2),
+            ],
+            Some(90.4),
+            "exponential",
+        );
+        let empty = view("idle", &[], None, "");
         let text = queues_table(&[q, empty]).render();
         assert_eq!(
             text,

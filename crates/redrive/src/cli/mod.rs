@@ -16,8 +16,6 @@ pub enum CliError {
     Usage(String),
     /// The server answered an error (`{"error": {"code", "message"}}`): exit 1.
     Api {
-        /// HTTP status.
-        status: u16,
         /// The error's code (or `http_<status>` when the body had none).
         code: String,
         /// The error's message.
@@ -83,7 +81,6 @@ mod tests {
     fn exit_codes_follow_the_failure() {
         assert_eq!(CliError::Usage("x".into()).exit_code(), 2);
         let api = CliError::Api {
-            status: 404,
             code: "not_found".into(),
             message: "no such message".into(),
         };

@@ -96,11 +96,13 @@ pub fn truncate(s: &str, max: usize) -> String {
     out
 }
 
-/// Print a JSON value, pretty, on stdout.
-pub fn print_json(value: &serde_json::Value) {
-    match serde_json::to_string_pretty(value) {
+/// Print a value as pretty JSON on stdout. The client's typed answers encode to the
+/// server's JSON; going through a `serde_json::Value` first prints their keys in the
+/// order a parsed answer had (sorted), as the CLI always printed them.
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
+    match serde_json::to_value(value).and_then(|v| serde_json::to_string_pretty(&v)) {
         Ok(s) => println!("{s}"),
-        Err(_) => println!("{value}"),
+        Err(e) => eprintln!("error: cannot print the answer as JSON: {e}"),
     }
 }
 
@@ -130,6 +132,26 @@ mod tests {
         let mut t = Table::new(&[("a", Align::Left), ("b", Align::Left)]);
         t.push(vec!["x".into()]);
         assert_eq!(t.render(), "a  b\nx\n");
+    }
+
+    #[test]
+    fn json_keys_print_in_the_order_of_a_parsed_answer() {
+        #[derive(serde::Serialize)]
+        struct Answer {
+            state: &'static str,
+            id: u8,
+        }
+        let typed = serde_json::to_value(Answer {
+            state: "ready",
+            id: 1,
+        })
+        .unwrap();
+        let parsed: serde_json::Value =
+            serde_json::from_str(r#"{"state":"ready","id":1}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&typed).unwrap(),
+            serde_json::to_string(&parsed).unwrap()
+        );
     }
 
     #[test]

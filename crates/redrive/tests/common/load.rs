@@ -2,8 +2,11 @@
 //! keys, consumers lease and ack (70 %) or nack (30 %), and a [`Ledger`] records only what
 //! the server answered with a 2xx — the promises a restart must keep. A worker stops at
 //! the first failed request (the server was killed, or refused), recording a refusal.
+//! Requests go through the typed [`redrive_client::Client`].
 
-use redrive_core::SplitMix64;
+use redrive_client::{BatchItem, Client, Error, LeaseRequest, NackError, Publish};
+use redrive_client::{ExportFormat, Filter};
+use redrive_core::{ErrorClass, SplitMix64};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -40,15 +43,40 @@ pub struct Load {
 }
 
 impl Load {
-    /// Record a non-2xx answer.
-    async fn refuse(&self, r: reqwest::Response) {
-        let status = r.status().as_u16();
-        let body = r.json::<Value>().await.unwrap_or(Value::Null);
-        self.ledger.lock().unwrap().refused.push((status, body));
+    /// The typed client over this load's HTTP client (its timeout applies).
+    fn api(&self) -> Client {
+        Client::with_http(&self.base, self.client.clone()).expect("a server URL")
+    }
+
+    /// What a worker does with a failed call: record a refusal (a non-2xx answer) and
+    /// stop. No answer, or an answer cut short, is the server being killed: stop without
+    /// a record. A 2xx answer that is not what the API says is a bug: panic.
+    fn fail(&self, e: Error) {
+        match e {
+            Error::Api {
+                status,
+                code,
+                message,
+            } => {
+                // The body as the server sent it: its JSON error, or (code `http_<status>`,
+                // a body that was not one) no JSON error at all.
+                let body = if code.starts_with("http_") {
+                    Value::Null
+                } else {
+                    json!({"error": {"code": code, "message": message}})
+                };
+                self.ledger.lock().unwrap().refused.push((status, body));
+            }
+            Error::Decode { url, source } => {
+                panic!("the answer to {url} is not what API v1 says: {source}")
+            }
+            _ => {}
+        }
     }
 
     /// Publish batches until `stop` or the first failure.
     pub async fn producer(self, stop: Instant) {
+        let api = self.api();
         while Instant::now() < stop {
             let batch: Vec<u64> = {
                 let mut n = self.next.lock().unwrap();
@@ -56,106 +84,75 @@ impl Load {
                 *n += PUBLISH_BATCH;
                 b
             };
-            let body = json!({"messages": batch.iter().map(|n| json!({"payload": {"n": n}, "idempotency_key": format!("k{n}")})).collect::<Vec<_>>()});
-            let Ok(r) = self
-                .client
-                .post(format!("{}/v1/queues/{}/messages", self.base, self.queue))
-                .json(&body)
-                .send()
-                .await
-            else {
-                return;
-            };
-            if !r.status().is_success() {
-                return self.refuse(r).await;
-            }
-            let Ok(v) = r.json::<Value>().await else {
-                return;
+            let messages: Vec<Publish> = batch
+                .iter()
+                .map(|n| Publish {
+                    idempotency_key: Some(format!("k{n}")),
+                    ..Publish::new(json!({"n": n}))
+                })
+                .collect();
+            let published = match api.publish_batch(&self.queue, &messages).await {
+                Ok(p) => p.message,
+                Err(e) => return self.fail(e),
             };
             let mut l = self.ledger.lock().unwrap();
-            for m in v["messages"].as_array().unwrap() {
-                l.published.insert(
-                    m["id"].as_str().unwrap().to_owned(),
-                    m["payload"]["n"].as_u64().unwrap(),
-                );
+            for m in published {
+                let n = m.payload["n"].as_u64().expect("the payload this load sent");
+                l.published.insert(m.id.to_string(), n);
             }
         }
     }
 
     /// Lease, then ack or nack, until `stop` or the first failure.
     pub async fn consumer(self, seed: u64, stop: Instant) {
+        let api = self.api();
         let mut rng = SplitMix64::new(seed);
+        let request = LeaseRequest {
+            max: Some(LEASE_MAX as u32),
+            lease: Some("2s".into()),
+            wait: Some("200ms".into()),
+        };
+        let failure = NackError::new(ErrorClass::Transient, "crash test");
         while Instant::now() < stop {
-            let Ok(r) = self
-                .client
-                .post(format!("{}/v1/queues/{}/leases", self.base, self.queue))
-                .json(&json!({"max": LEASE_MAX, "lease": "2s", "wait": "200ms"}))
-                .send()
-                .await
-            else {
-                return;
-            };
-            if !r.status().is_success() {
-                return self.refuse(r).await;
-            }
-            let Ok(v) = r.json::<Value>().await else {
-                return;
-            };
-            let Some(msgs) = v["messages"].as_array() else {
-                return;
+            let msgs = match api.lease(&self.queue, &request).await {
+                Ok(m) => m,
+                Err(e) => return self.fail(e),
             };
             let mut acks = Vec::new();
             let mut nacks = Vec::new();
             {
                 let mut l = self.ledger.lock().unwrap();
                 for m in msgs {
-                    let id = m["id"].as_str().unwrap().to_owned();
+                    let id = m.id.to_string();
                     l.deliveries += 1;
                     if l.acked.contains(&id) {
                         l.acked_redelivered += 1;
                     }
-                    let item = json!({"id": id, "lease": m["lease"]});
+                    let item = BatchItem::new(id, m.lease);
                     if rng.between(0, 9) < 7 {
                         acks.push(item);
                     } else {
-                        nacks.push(json!({"id": item["id"], "lease": item["lease"], "error": {"class": "transient", "message": "crash test"}}));
+                        nacks.push(BatchItem {
+                            error: Some(failure.clone()),
+                            ..item
+                        });
                     }
                 }
             }
             if !nacks.is_empty() {
-                let Ok(r) = self
-                    .client
-                    .post(format!("{}/v1/messages/nack", self.base))
-                    .json(&json!({"items": nacks}))
-                    .send()
-                    .await
-                else {
-                    return;
-                };
-                if !r.status().is_success() {
-                    return self.refuse(r).await;
+                if let Err(e) = api.nack_batch(&nacks).await {
+                    return self.fail(e);
                 }
             }
             if !acks.is_empty() {
-                let Ok(r) = self
-                    .client
-                    .post(format!("{}/v1/messages/ack", self.base))
-                    .json(&json!({"items": acks}))
-                    .send()
-                    .await
-                else {
-                    return;
-                };
-                if !r.status().is_success() {
-                    return self.refuse(r).await;
-                }
-                let Ok(v) = r.json::<Value>().await else {
-                    return;
+                let items = match api.ack_batch(&acks).await {
+                    Ok(items) => items,
+                    Err(e) => return self.fail(e),
                 };
                 let mut l = self.ledger.lock().unwrap();
-                for item in v["items"].as_array().unwrap() {
-                    if item["status"] == 200 {
-                        l.acked.insert(item["id"].as_str().unwrap().to_owned());
+                for item in items {
+                    if item.status == 200 {
+                        l.acked.insert(item.id);
                     }
                 }
             }
@@ -164,27 +161,20 @@ impl Load {
 
     /// Every message of the queue: id → state (via the streamed export).
     pub async fn snapshot(&self) -> HashMap<String, String> {
-        let text = self
-            .client
-            .get(format!(
-                "{}/v1/messages/export?queue={}&format=jsonl",
-                self.base, self.queue
-            ))
-            .send()
+        let filter = Filter {
+            queue: Some(self.queue.clone()),
+            ..Filter::default()
+        };
+        let mut export = self
+            .api()
+            .export(&filter, ExportFormat::Jsonl)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                (
-                    v["id"].as_str().unwrap().to_owned(),
-                    v["state"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
+            .expect("export");
+        let mut snap = HashMap::new();
+        while let Some(m) = export.next_message().await.expect("export line") {
+            snap.insert(m.id.to_string(), m.state.as_str().to_owned());
+        }
+        snap
     }
 }
 

@@ -64,16 +64,17 @@ pub fn start_in(config_dir: &Path, data_dir: &Path, port: u16, config_text: &str
     }
 }
 
+/// Whether the node answered `/readyz` with a 2xx within 30 s (through the typed
+/// client over `client`).
 pub async fn wait_ready(client: &reqwest::Client, node: &mut Node) -> bool {
+    let api = redrive_client::Client::with_http(&node.base, client.clone()).expect("a server URL");
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if let Ok(Some(status)) = node.child.try_wait() {
             panic!("redrive exited during start: {status}");
         }
-        if let Ok(r) = client.get(format!("{}/readyz", node.base)).send().await {
-            if r.status().is_success() {
-                return true;
-            }
+        if api.readyz().await.is_ok() {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
