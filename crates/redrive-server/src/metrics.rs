@@ -62,6 +62,8 @@ pub struct Metrics {
     commit_batch: Histogram,
     commit_seconds: Histogram,
     wal_bytes: Gauge,
+    wal_rewinds: Gauge,
+    wal_rewind_seconds: Gauge<f64, AtomicU64>,
     commits: Counter,
     commit_changes: Counter,
     done_purged: Family<QueueLabel, Counter>,
@@ -172,6 +174,18 @@ impl Metrics {
             "Size of the store's write-ahead log file on disk (bounded by max_wal_bytes)",
             wal_bytes.clone(),
         );
+        let wal_rewinds = Gauge::default();
+        registry.register(
+            "redrive_wal_rewinds",
+            "Times the writer rewound the WAL to keep it under max_wal_bytes (since start)",
+            wal_rewinds.clone(),
+        );
+        let wal_rewind_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "redrive_wal_rewind_seconds",
+            "Seconds the writer spent rewinding the WAL (since start): the latency cost of the bound",
+            wal_rewind_seconds.clone(),
+        );
         let commits = Counter::default();
         registry.register(
             "redrive_commits",
@@ -204,6 +218,8 @@ impl Metrics {
             commit_batch,
             commit_seconds,
             wal_bytes,
+            wal_rewinds,
+            wal_rewind_seconds,
             commits,
             commit_changes,
             done_purged,
@@ -216,9 +232,13 @@ impl Metrics {
         }
     }
 
-    /// The store's write-ahead log is `bytes` long now.
-    pub fn set_wal_bytes(&self, bytes: u64) {
-        self.wal_bytes.set(bytes.min(i64::MAX as u64) as i64);
+    /// The store's log counters now: WAL bytes, rewinds, seconds spent rewinding.
+    pub fn set_log_stats(&self, stats: &redrive_storage::CommitStats) {
+        self.wal_bytes
+            .set(stats.log_bytes.min(i64::MAX as u64) as i64);
+        self.wal_rewinds
+            .set(stats.log_restarts.min(i64::MAX as u64) as i64);
+        self.wal_rewind_seconds.set(stats.log_rewind_seconds);
     }
 
     /// A storage commit of `n` transitions took `secs`.

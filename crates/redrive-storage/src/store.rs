@@ -238,4 +238,6 @@ pub struct CommitStats {
     pub log_bytes: u64,
     /// Times the log was rewound to its start to keep it under its bound.
     pub log_restarts: u64,
+    /// Total seconds writers waited for those rewinds (the latency cost of the bound).
+    pub log_rewind_seconds: f64,
 }

@@ -38,8 +38,7 @@ pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiE
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let stats = s.engine.store().queue_stats().await?;
-    s.metrics
-        .set_wal_bytes(s.engine.store().commit_stats().log_bytes);
+    s.metrics.set_log_stats(&s.engine.store().commit_stats());
     let body = s.metrics.render(&stats, s.engine.clock().now().as_millis());
     Ok((
         [(

@@ -249,10 +249,14 @@ fn bound_log(state: &mut WriterState, shared: &Shared) {
         return;
     }
     let conn = &state.conn;
+    let started = Instant::now();
     let _turn = shared.checkpoint_lock.lock();
     let _ = conn.busy_timeout(REWIND_READER_WAIT);
     let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
     let _ = conn.busy_timeout(WRITER_BUSY_TIMEOUT);
+    if let Ok(mut s) = shared.stats.lock() {
+        s.log_rewind_seconds += started.elapsed().as_secs_f64();
+    }
     match result {
         Ok(0) => shared.set_log_bytes(shared.wal_file_bytes(), true),
         Ok(_) => {

@@ -18,7 +18,7 @@ const DEFAULT_PAGE: u32 = 100;
 pub const MAX_PAGE: u32 = 1_000;
 /// A cursor as the store writes it in `next_cursor` (a row number); anything else is a 400
 /// `invalid_cursor`. Stated in the OpenAPI document: it must follow the store's encoding.
-pub const CURSOR_PATTERN: &str = "^[0-9]{1,18}$";
+pub const CURSOR_PATTERN: &str = "^[1-9][0-9]{0,17}$";
 
 /// Search filters (all optional, ANDed).
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
@@ -65,7 +65,8 @@ pub(super) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
         None => None,
     };
     if let Some(c) = &q.cursor {
-        if c.is_empty() || c.len() > 18 || !c.bytes().all(|b| b.is_ascii_digit()) {
+        let digits = c.bytes().all(|b| b.is_ascii_digit());
+        if c.is_empty() || c.len() > 18 || !digits || c.starts_with('0') {
             return Err(ApiError::bad_request(
                 "invalid_cursor",
                 format!("cursor: {c:?} is not a cursor from next_cursor"),
