@@ -127,7 +127,7 @@ impl Engine {
         &self.clock
     }
 
-    /// What the engine announces (see [`signals`]): tests wait on these instead of sleeping.
+    /// What the engine announces ([`Signal`]): tests wait on these instead of sleeping.
     pub fn signals(&self) -> &Signals {
         &self.signals
     }
