@@ -107,17 +107,14 @@ pub async fn lease(
     let mut wait = wait_ms;
     loop {
         let want = max as usize - out.count();
-        let room = cfg
-            .max_response_bytes
-            .saturating_sub(out.bytes())
-            .saturating_sub(want.saturating_mul(MESSAGE_FIXED_BYTES));
+        let left = cfg.max_response_bytes.saturating_sub(out.bytes());
+        let room = left.saturating_sub(want.saturating_mul(MESSAGE_FIXED_BYTES));
         if want == 0 || (out.count() > 0 && room == 0) {
             break;
         }
         // When `want` messages of the largest possible size fit anyway, the store need not
         // read their sizes first (the usual case: max ≤ 58 with the default limits).
-        let surely_fits = want.saturating_mul(message_bound_bytes(cfg))
-            <= cfg.max_response_bytes.saturating_sub(out.bytes());
+        let surely_fits = want.saturating_mul(message_bound_bytes(cfg)) <= left;
         let max_bytes = (!surely_fits).then_some(room as u64);
         let leased = match s
             .engine

@@ -52,12 +52,12 @@ pub fn start(engine: Arc<Engine>) -> Background {
 async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
     let mut hint = engine.store().wake_hint();
     let mut last_tick = std::time::Instant::now() - MIN_TICK_INTERVAL;
+    let clock = engine.clock().clone();
     loop {
         if *stop.borrow() {
             return;
         }
         let next = *hint.borrow_and_update();
-        let clock = engine.clock().clone();
         let now = clock.now();
         match next {
             Some(at) if at <= now => {
