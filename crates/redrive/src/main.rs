@@ -15,6 +15,12 @@
 mod bench;
 mod cli;
 
+/// mimalloc instead of glibc's malloc: the writer thread allocates the rows it reads and the
+/// HTTP workers free them, and glibc's arena locks made those cross-thread frees about a tenth
+/// of the writer's time under load (docs/PERFORMANCE.md, "Where the time goes").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use redrive_core::{Backoff, DurationMs, Jitter};
 use std::path::PathBuf;
