@@ -536,6 +536,11 @@ impl Run {
                 self.ids.push(out[0].message.id);
             }
             Op::Lease { max, lease_ms } => {
+                // `peek` reads the file: first let the store commit the leases it answered
+                // (a lease is answered before its commit; the store's own reads wait for it).
+                s.queue_stats()
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("stats: {e}")))?;
                 let want = oracle_pick(&peek(self.dir.path()), &self.settings, *max);
                 let got = s
                     .lease(
@@ -607,6 +612,10 @@ impl Run {
                 self.store = open(self.dir.path(), self.settings.clone());
             }
         }
+        self.store
+            .queue_stats()
+            .await
+            .map_err(|e| TestCaseError::fail(format!("stats: {e}")))?;
         check_key_order(&peek(self.dir.path()), &self.settings)
     }
 }

@@ -18,6 +18,7 @@ use crate::{CommitStats, StoreError};
 use redrive_core::Timestamp;
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -62,6 +63,11 @@ pub struct Shared {
     /// `SQLITE_BUSY` without waiting, so the writer's rewind and the background
     /// checkpointer take turns here.
     pub checkpoint_lock: Mutex<()>,
+    /// The highest batch in which a job answered before its commit (a lease); 0: none.
+    pub unsynced: AtomicU64,
+    /// The highest batch whose commit has returned (or failed). Reads wait until it reaches
+    /// [`Shared::unsynced`], so whoever was answered a lease sees it in a read that follows.
+    pub settled: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -184,6 +190,7 @@ fn commit_batch(
     match committed {
         Ok(()) => {
             let (wake, changes) = state.finish_batch();
+            shared.settled.send_replace(state.batch);
             if let Ok(mut s) = shared.stats.lock() {
                 s.commits += 1;
                 s.changes += changes as u64;
@@ -211,6 +218,7 @@ fn commit_batch(
             poison(shared, &reason);
             let _ = state.conn.execute_batch("ROLLBACK");
             state.abort_batch();
+            shared.settled.send_replace(state.batch);
             for r in replies {
                 r(Err(StoreError::Poisoned(reason.clone())));
             }

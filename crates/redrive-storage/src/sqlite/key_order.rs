@@ -83,7 +83,7 @@ const FIRST_TWO_SQL: &str = "SELECT seq, key_order FROM messages INDEXED BY ix_k
      WHERE queue = ?1 AND msg_key = ?2 AND key_order IS NOT NULL ORDER BY seq LIMIT 2";
 /// Whether a message of a key is leased.
 const LEASED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM messages INDEXED BY ix_key_leased \
-     WHERE queue = ?1 AND msg_key = ?2 AND state = 2)";
+     WHERE queue = ?1 AND msg_key = ?2 AND msg_key IS NOT NULL AND state = 2)";
 
 fn set(conn: &Connection, seq: i64, value: Option<i64>) -> Result<(), StoreError> {
     conn.prepare_cached("UPDATE messages SET key_order = ?2 WHERE seq = ?1")
@@ -322,7 +322,11 @@ mod tests {
             lease_ms: 60_000,
             max_bytes: None,
         };
-        w.lease(&req, Timestamp::from_millis(2_000)).expect("lease")
+        w.lease(&req, Timestamp::from_millis(2_000))
+            .expect("lease")
+            .into_iter()
+            .map(|l| l.into_leased().expect("leased"))
+            .collect()
     }
 
     /// SQLite virtual machine steps `run` spends in the statements `sqls` (cached

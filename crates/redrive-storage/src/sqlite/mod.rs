@@ -30,6 +30,7 @@ use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
 use rusqlite::{Connection, OpenFlags};
 use sql_error::SqlResultExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
 use transitions::{Counts, WriterState};
@@ -198,6 +199,8 @@ impl SqliteStore {
             wal_path: wal_path(&path),
             wal_restart_bytes: wal_restart_bytes(&opts),
             checkpoint_lock: Mutex::new(()),
+            unsynced: AtomicU64::new(0),
+            settled: watch::Sender::new(0),
         });
         let writer_shared = shared.clone();
         let writer = std::thread::Builder::new()
@@ -224,6 +227,29 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut WriterState) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.submit(f, true).await
+    }
+
+    /// Run `f` in the writer like [`Self::write`], but answer as soon as it has run, without
+    /// waiting for its batch to commit: for a change that need not be durable before it is
+    /// answered (a lease: SPEC §4 makes only publish, ack, nack and operator actions wait
+    /// for the disk). Its changes still commit with the batch, in order with every other job,
+    /// so a later ack of the same message sees them. If that commit fails, or the process
+    /// dies before it, the change is lost: a lost lease leaves its message ready, to be
+    /// delivered again with the same attempt number (docs/ARCHITECTURE.md).
+    async fn write_unsynced<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut WriterState) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.submit(f, false).await
+    }
+
+    /// Queue `f` for the writer; answer after its commit (`synced`) or as soon as it ran.
+    async fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut WriterState) -> Result<T, StoreError> + Send + 'static,
+        synced: bool,
+    ) -> Result<T, StoreError> {
         if let Some(reason) = self
             .shared
             .poisoned
@@ -234,6 +260,7 @@ impl SqliteStore {
             return Err(StoreError::Poisoned(reason));
         }
         let (tx, rx) = oneshot::channel();
+        let shared = self.shared.clone();
         let job: Job = Box::new(move |w: &mut WriterState| {
             if w.refusing {
                 // Answered with the refusal's error by `group_commit::refuse`.
@@ -244,6 +271,12 @@ impl SqliteStore {
             }
             let r = f(w);
             let ok = r.is_ok();
+            if !synced {
+                // Before the answer: a read the caller makes after it waits for this batch.
+                shared.unsynced.fetch_max(w.batch, Ordering::SeqCst);
+                let _ = tx.send(r);
+                return (ok, Box::new(|_| {}));
+            }
             let reply: group_commit::Reply = Box::new(move |commit: Result<(), StoreError>| {
                 let _ = tx.send(commit.and(r));
             });
@@ -256,11 +289,24 @@ impl SqliteStore {
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Run a read on a pooled read connection.
+    /// Wait until every answered unsynced write (a lease) has committed, so that a read
+    /// sees what its caller was already told: read-your-writes, as if leases were synced.
+    /// Waits at most one commit, and only while leases are being answered.
+    async fn settle(&self) {
+        let need = self.shared.unsynced.load(Ordering::SeqCst);
+        if *self.shared.settled.borrow() >= need {
+            return;
+        }
+        let mut settled = self.shared.settled.subscribe();
+        // The writer gone (its sender dropped with it): nothing more will commit.
+        let _ = settled.wait_for(|done| *done >= need).await;
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.settle().await;
         let pool = self.readers.clone();
         tokio::task::spawn_blocking(move || pool.with(f))
             .await
@@ -293,7 +339,10 @@ impl Store for SqliteStore {
     }
 
     async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
-        self.write(move |w| w.lease(&req, now)).await
+        let rows = self.write_unsynced(move |w| w.lease(&req, now)).await?;
+        rows.into_iter()
+            .map(transitions::LeasedRow::into_leased)
+            .collect()
     }
 
     async fn ack(
@@ -301,8 +350,13 @@ impl Store for SqliteStore {
         items: Vec<LeaseRef>,
         now: Timestamp,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
-        self.write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect()))
-            .await
+        let rows: Vec<_> = self
+            .write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect()))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| r.and_then(transitions::AckedRow::into_acked))
+            .collect())
     }
 
     async fn nack(
@@ -310,8 +364,13 @@ impl Store for SqliteStore {
         items: Vec<Nack>,
         now: Timestamp,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
-        self.write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect()))
-            .await
+        let rows: Vec<_> = self
+            .write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect()))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| r.and_then(transitions::FailedRow::into_outcome))
+            .collect())
     }
 
     async fn extend(
@@ -367,6 +426,7 @@ impl Store for SqliteStore {
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        self.settle().await;
         let counts: Vec<(String, [i64; 5])> = self
             .counts
             .lock()

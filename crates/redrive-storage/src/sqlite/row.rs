@@ -95,6 +95,16 @@ impl Row {
 
     /// The message this row stores; `history` is the raw JSON array, if wanted.
     pub fn to_message(&self, history: Option<&str>) -> Result<Message, StoreError> {
+        self.to_message_with(history, None)
+    }
+
+    /// [`Self::to_message`] with the payload already parsed (a publish has it: parsing the
+    /// JSON it just wrote would be work for nothing on the writer thread).
+    pub fn to_message_with(
+        &self,
+        history: Option<&str>,
+        payload: Option<serde_json::Value>,
+    ) -> Result<Message, StoreError> {
         let ts = |v: Option<i64>| v.map(Timestamp::from_millis);
         let history: Vec<HistoryEntry> = match history {
             Some(h) => serde_json::from_str(h)?,
@@ -111,7 +121,10 @@ impl Row {
                 .map_err(|e| StoreError::Backend(e.to_string()))?,
             queue: self.queue.clone(),
             state: self.state,
-            payload: serde_json::from_str(&self.payload)?,
+            payload: match payload {
+                Some(p) => p,
+                None => serde_json::from_str(&self.payload)?,
+            },
             headers: match &self.headers {
                 Some(h) => serde_json::from_str(h)?,
                 None => Default::default(),

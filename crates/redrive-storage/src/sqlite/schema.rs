@@ -54,7 +54,10 @@ use rusqlite::Connection;
 ///   queue's ordering), `ix_ready` without the messages waiting behind their key's head,
 ///   and `ix_scheduled` per queue (fair promotion). The new indexes are created by
 ///   [`SCHEMA`]; the step drops the two whose definition changed.
-pub const SCHEMA_VERSION: i64 = 3;
+/// - 4: `ix_key_leased` only holds leased messages that have a key (it held every leased
+///   message, so each lease and each ack or nack of a message without a key inserted and
+///   deleted an entry nobody reads).
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The steps from each older version to the next: `(from, SQL)`. Each step only adds
 /// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
@@ -71,6 +74,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
          DROP INDEX IF EXISTS ix_ready; \
          DROP INDEX IF EXISTS ix_scheduled;",
     ),
+    (3, "DROP INDEX IF EXISTS ix_key_leased;"),
 ];
 
 const SCHEMA: &str = r#"
@@ -110,7 +114,7 @@ CREATE INDEX IF NOT EXISTS ix_leased ON messages(lease_expires_at) WHERE state =
 CREATE INDEX IF NOT EXISTS ix_done ON messages(finished_at) WHERE state = 3;
 CREATE INDEX IF NOT EXISTS ix_key ON messages(queue, msg_key, seq) WHERE msg_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_key_order ON messages(queue, msg_key, seq) WHERE key_order IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ix_key_leased ON messages(queue, msg_key) WHERE state = 2;
+CREATE INDEX IF NOT EXISTS ix_key_leased ON messages(queue, msg_key) WHERE state = 2 AND msg_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_queue ON messages(queue, seq);
 CREATE INDEX IF NOT EXISTS ix_dead ON messages(queue, seq) WHERE state = 4;
 CREATE TABLE IF NOT EXISTS idempotency (

@@ -24,6 +24,67 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// A lease as the writer made it: the row, not yet turned into a [`Message`]. Parsing the
+/// stored JSON (payload, headers, last error) happens in the caller's task, off the single
+/// writer thread ([`LeasedRow::into_leased`]).
+#[derive(Debug)]
+pub struct LeasedRow {
+    row: Row,
+    expires_at: Timestamp,
+    lateness_ms: i64,
+}
+
+impl LeasedRow {
+    /// The lease as the store's answer.
+    pub fn into_leased(self) -> Result<Leased, StoreError> {
+        Ok(Leased {
+            message: self.row.to_message(None)?,
+            attempt: self.row.attempts,
+            token: self.row.lease_token.unwrap_or_default(),
+            expires_at: self.expires_at,
+            lateness_ms: self.lateness_ms,
+        })
+    }
+}
+
+/// An ack as the writer made it (see [`LeasedRow`]).
+#[derive(Debug)]
+pub struct AckedRow {
+    row: Row,
+    repeated: bool,
+}
+
+impl AckedRow {
+    /// The ack as the store's answer.
+    pub fn into_acked(self) -> Result<Acked, StoreError> {
+        Ok(Acked {
+            message: self.row.to_message(None)?,
+            repeated: self.repeated,
+        })
+    }
+}
+
+/// A failed attempt as the writer made it (see [`LeasedRow`]).
+#[derive(Debug)]
+pub struct FailedRow {
+    row: Row,
+    class: redrive_core::ErrorClass,
+    retry_delay_ms: Option<u64>,
+}
+
+impl FailedRow {
+    /// The outcome as the store's answer.
+    pub fn into_outcome(self) -> Result<FailureOutcome, StoreError> {
+        let message = self.row.to_message(None)?;
+        Ok(FailureOutcome {
+            dead_reason: message.dead_reason,
+            message,
+            class: self.class,
+            retry_delay_ms: self.retry_delay_ms,
+        })
+    }
+}
+
 /// Per-queue message counts, indexed by [`State::code`].
 pub type Counts = HashMap<String, [i64; 5]>;
 
@@ -38,6 +99,9 @@ pub struct WriterState {
     pub conn: Connection,
     /// Set while a job is being refused (store closed or poisoned): the job must not run.
     pub refusing: bool,
+    /// The running batch's number (1, 2, …): a reader that must see an answered unsynced
+    /// job waits until this batch has committed (`group_commit::Shared::settled`).
+    pub batch: u64,
     rng: SplitMix64,
     catalog: Arc<QueueCatalog>,
     idempotency_window_ms: u64,
@@ -74,6 +138,7 @@ impl WriterState {
         Self {
             conn,
             refusing: false,
+            batch: 0,
             rng: SplitMix64::new(seed),
             catalog,
             idempotency_window_ms,
@@ -99,6 +164,7 @@ impl WriterState {
     // ---- batch bookkeeping (called by group_commit) ----
 
     pub fn begin_batch(&mut self, current_wake: Option<Timestamp>) {
+        self.batch += 1;
         self.batch_delta.clear();
         self.batch_wake = current_wake.map(Timestamp::as_millis);
     }
@@ -204,7 +270,7 @@ impl WriterState {
         now: Timestamp,
     ) -> Result<Vec<Published>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
-        for (index, item) in items.into_iter().enumerate() {
+        for (index, mut item) in items.into_iter().enumerate() {
             let payload = serde_json::to_string(&item.payload)?;
             let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
             if let Some(ikey) = &item.idempotency_key {
@@ -328,7 +394,8 @@ impl WriterState {
                     self.wake_at(d);
                 }
             }
-            let message = row.to_message(Some(&history_json))?;
+            let message =
+                row.to_message_with(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
             let failure = match failure_outcome {
                 Some((class, delay)) => Some(FailureOutcome {
                     message: message.clone(),
@@ -464,7 +531,7 @@ impl WriterState {
         mut row: Row,
         failure: &Failure,
         now: Timestamp,
-    ) -> Result<FailureOutcome, StoreError> {
+    ) -> Result<FailedRow, StoreError> {
         let from = row.state;
         let (entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
         self.conn
@@ -493,16 +560,18 @@ impl WriterState {
                 self.wake_at(d);
             }
         }
-        let message = row.to_message(None)?;
-        Ok(FailureOutcome {
-            dead_reason: message.dead_reason,
-            message,
+        Ok(FailedRow {
+            row,
             class,
             retry_delay_ms: delay,
         })
     }
 
-    pub fn lease(&mut self, req: &LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
+    pub fn lease(
+        &mut self,
+        req: &LeaseRequest,
+        now: Timestamp,
+    ) -> Result<Vec<LeasedRow>, StoreError> {
         let sql = lease_sql(Mode::of(self.catalog.get(&req.queue)));
         let max = match req.max_bytes {
             Some(budget) if req.max > 1 => self.fitting_lease(req, budget)?,
@@ -532,10 +601,8 @@ impl WriterState {
         for row in rows {
             let lateness_ms = now.as_millis() - row.due_at.unwrap_or(now.as_millis());
             self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
-            out.push(Leased {
-                message: row.to_message(None)?,
-                attempt: row.attempts,
-                token: row.lease_token.clone().unwrap_or_default(),
+            out.push(LeasedRow {
+                row,
                 expires_at: expires,
                 lateness_ms,
             });
@@ -581,7 +648,7 @@ impl WriterState {
         Ok(row)
     }
 
-    pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Acked, StoreError> {
+    pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<AckedRow, StoreError> {
         // Fast path, one statement: the live lease is acked and its history entry appended.
         // The entry's timestamps are rendered by SQLite in the format of `Timestamp`.
         let fast: Option<Row> = self
@@ -602,8 +669,8 @@ impl WriterState {
         if let Some(row) = fast {
             self.moved(&row.queue, Some(State::Leased), Some(State::Done));
             self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
-            return Ok(Acked {
-                message: row.to_message(None)?,
+            return Ok(AckedRow {
+                row,
                 repeated: false,
             });
         }
@@ -611,8 +678,8 @@ impl WriterState {
         // path's WHERE is exactly `check_lease`, so this never acks anything itself.
         let row = self.row_by_id(&lease.id)?;
         if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
-            return Ok(Acked {
-                message: row.to_message(None)?,
+            return Ok(AckedRow {
+                row,
                 repeated: true, // a retried ack
             });
         }
@@ -623,7 +690,7 @@ impl WriterState {
         )))
     }
 
-    pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailureOutcome, StoreError> {
+    pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
         self.fail_attempt(row, &nack.failure, now)
     }
@@ -773,7 +840,9 @@ impl WriterState {
         let mut expired = Vec::with_capacity(expired_rows.len());
         let lease_expired = Failure::lease_expired();
         for row in expired_rows {
-            let outcome = self.fail_attempt(row, &lease_expired, now)?;
+            let outcome = self
+                .fail_attempt(row, &lease_expired, now)?
+                .into_outcome()?;
             if outcome.message.state == State::Ready
                 && !ready_queues.contains(&outcome.message.queue)
             {
