@@ -62,7 +62,8 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Workload::Publish)]
     pub workload: Workload,
-    /// Concurrent connections (one task each).
+    /// Concurrent connections (one task each); in cycle, retry-cycle and delayed they include
+    /// the --publishers.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub connections: u32,
     /// Run length of publish and publish-batch.
@@ -128,6 +129,9 @@ Workloads (each stops by itself; run against a server started separately):
                      initial_delay = \"0s\"
                      jitter = \"none\"
                  The bench checks the policy first, and that every retry comes back.
+                 cycle, retry-cycle with --batch 1: one message per lease and one
+                 POST /v1/messages/{id}/ack or /nack per message (a one-at-a-time
+                 worker), not the batch endpoints.
   delayed        publish with deliver_at = start + --lead + delay, delays spread over
                  --spread (plus --long-fraction of
                  long ones, to expose head-of-line blocking); consumers long-poll (wait 5s)
