@@ -1,5 +1,9 @@
 //! The consumer side of the API as the bench uses it: lease a batch, then
 //! batch-ack / batch-nack, with per-item results.
+//!
+//! With a lease of at most one message (`--batch 1`), the bench settles as a
+//! one-at-a-time worker (a PHP worker, say) does: one `POST /v1/messages/{id}/ack`
+//! or `/nack` per message, not the batch endpoints.
 
 use super::{Ctx, BENCH_LEASE};
 use redrive_client::ErrorDetail;
@@ -74,6 +78,29 @@ struct Batch<'a> {
     items: &'a [Item<'a>],
 }
 
+/// The body of a single-message ack (`{"lease"}`) or nack (`{"lease", "error"}`).
+#[derive(Debug, Serialize)]
+struct Single<'a> {
+    lease: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a NackError>,
+}
+
+impl<'a> Single<'a> {
+    fn of(item: &'a Item<'a>) -> Self {
+        Self {
+            lease: item.lease,
+            error: item.error.as_ref(),
+        }
+    }
+}
+
+/// The answer to a single ack / nack: the message (the bench reads its state).
+#[derive(Debug, Deserialize)]
+struct SingleAnswer {
+    state: State,
+}
+
 /// The result of one item of a batch ack/nack: the fields the bench reads of the
 /// client's [`redrive_client::BatchResult`].
 #[derive(Debug, Deserialize)]
@@ -116,6 +143,8 @@ pub struct Urls {
     ack: Url,
     nack: Url,
     lease_body: String,
+    /// Settle with the single-message endpoints (leases of at most one message).
+    single: bool,
 }
 
 impl Urls {
@@ -126,7 +155,13 @@ impl Urls {
             ack: ctx.url(&["v1", "messages", "ack"]),
             nack: ctx.url(&["v1", "messages", "nack"]),
             lease_body: format!(r#"{{"max":{max},"lease":"{BENCH_LEASE}","wait":"{wait}"}}"#),
+            single: max == 1,
         }
+    }
+
+    /// Whether acks and nacks go one message per request to `/v1/messages/{id}/ack|nack`.
+    pub fn single(&self) -> bool {
+        self.single
     }
 }
 
@@ -153,6 +188,9 @@ pub async fn settle(
     if items.is_empty() {
         return Some(Vec::new());
     }
+    if urls.single {
+        return Some(settle_one_by_one(ctx, items, nack).await);
+    }
     let body = serde_json::to_string(&Batch { items }).ok()?;
     let url = if nack { &urls.nack } else { &urls.ack };
     let bytes = ctx.post(url, body).await?;
@@ -173,6 +211,42 @@ pub async fn settle(
         );
     }
     Some(answer.items)
+}
+
+/// Ack or nack `items` one request each (`POST /v1/messages/{id}/ack|nack`), in
+/// order; an item whose request failed gets status 0 (the failure is in the tally).
+async fn settle_one_by_one(ctx: &Ctx, items: &[Item<'_>], nack: bool) -> Vec<ItemResult> {
+    let verb = if nack { "nack" } else { "ack" };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let url = ctx.url(&["v1", "messages", item.id, verb]);
+        let failed = ItemResult {
+            status: 0,
+            message: None,
+            error: None,
+        };
+        let Ok(body) = serde_json::to_string(&Single::of(item)) else {
+            out.push(failed);
+            continue;
+        };
+        let Some(bytes) = ctx.post(&url, body).await else {
+            out.push(failed);
+            continue;
+        };
+        match serde_json::from_slice::<SingleAnswer>(&bytes) {
+            Ok(a) => out.push(ItemResult {
+                status: 200,
+                message: Some(MessageState { state: a.state }),
+                error: None,
+            }),
+            Err(e) => {
+                ctx.errors
+                    .record(format!("unexpected {verb} answer"), e.to_string());
+                out.push(failed);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -197,6 +271,52 @@ mod tests {
             serde_json::to_string(&Batch { items: &items }).unwrap(),
             r#"{"items":[{"id":"a","lease":"l1"},{"id":"b","lease":"l2","error":{"class":"transient","message":"bench"}}]}"#
         );
+    }
+
+    #[test]
+    fn a_lease_of_one_settles_one_by_one() {
+        let ctx = Ctx {
+            api: redrive_client::Client::new("http://127.0.0.1:1").unwrap(),
+            queue: "q".into(),
+            run_id: "r".into(),
+            pad: String::new(),
+            errors: Default::default(),
+            progress: Default::default(),
+        };
+        let one = Urls::new(&ctx, 1, "1s");
+        assert!(one.single());
+        assert!(one.lease_body.contains(r#""max":1"#));
+        assert!(!Urls::new(&ctx, 2, "1s").single());
+        assert!(!Urls::new(&ctx, 100, "1s").single());
+        assert_eq!(
+            ctx.url(&["v1", "messages", "01J/x", "ack"]).path(),
+            "/v1/messages/01J%2Fx/ack"
+        );
+    }
+
+    #[test]
+    fn single_bodies() {
+        let ack = Item {
+            id: "a",
+            lease: "l1",
+            error: None,
+        };
+        let nack = Item {
+            id: "b",
+            lease: "l2",
+            error: Some(TRANSIENT),
+        };
+        assert_eq!(
+            serde_json::to_string(&Single::of(&ack)).unwrap(),
+            r#"{"lease":"l1"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Single::of(&nack)).unwrap(),
+            r#"{"lease":"l2","error":{"class":"transient","message":"bench"}}"#
+        );
+        let a: SingleAnswer =
+            serde_json::from_str(r#"{"id":"b","state":"ready","attempts":1,"queue":"q"}"#).unwrap();
+        assert_eq!(a.state, State::Ready);
     }
 
     #[test]

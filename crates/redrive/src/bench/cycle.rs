@@ -11,7 +11,7 @@
 //! are acked and counted as stale, never as this run's.
 
 use super::consumer::{self, Item, Urls, TRANSIENT};
-use super::publish::{plain_item, publish_all, PublishPlan};
+use super::publish::{plain_item, publish_all, PublishPlan, PublisherOutcome};
 use super::report::Report;
 use super::stats::Samples;
 use super::{now_us, BenchArgs, Ctx, Workload};
@@ -23,29 +23,29 @@ use tokio::task::JoinSet;
 
 /// What one consumer task did.
 #[derive(Debug, Default)]
-struct ConsumerOutcome {
+pub(super) struct ConsumerOutcome {
     /// Publish → final ack, µs.
-    latency: Samples,
+    pub latency: Samples,
     /// This run's messages acked (retry-cycle: on a retry).
-    acked: u64,
+    pub acked: u64,
     /// First deliveries nacked (retry-cycle).
-    nacked: u64,
+    pub nacked: u64,
     /// Nacks that made the message dead instead of retrying it.
-    dead_on_nack: u64,
+    pub dead_on_nack: u64,
     /// Deliveries beyond the expected one (cycle: attempt > 1; retry-cycle: > 2).
-    redelivered: u64,
+    pub redelivered: u64,
     /// Other runs' messages acked away.
-    stale: u64,
+    pub stale: u64,
     /// Lease requests answered.
-    leases: u64,
+    pub leases: u64,
     /// Of which empty.
-    empty_leases: u64,
+    pub empty_leases: u64,
     /// Messages leased.
-    leased: u64,
+    pub leased: u64,
 }
 
 impl ConsumerOutcome {
-    fn merge(&mut self, o: ConsumerOutcome) {
+    pub(super) fn merge(&mut self, o: ConsumerOutcome) {
         self.latency.merge(o.latency);
         self.acked += o.acked;
         self.nacked += o.nacked;
@@ -109,15 +109,67 @@ pub async fn run(
         .unwrap_or_else(Instant::now);
     let elapsed = end.duration_since(start).as_secs_f64();
 
-    report.count("publishers", "publishing connections", publishers as u64);
-    report.count("consumers", "consuming connections", consumers as u64);
-    report.publishing(target, published.messages, publish_time);
+    report_cycle(
+        report,
+        &CycleFigures {
+            retry,
+            target,
+            publishers,
+            consumers,
+            publish_time,
+            elapsed,
+            timeout_ms: args.timeout.ms(),
+        },
+        &mut published,
+        &mut consumed,
+    );
+    report.text(
+        "settle",
+        "acks and nacks",
+        if urls.single() {
+            "one per request (POST /v1/messages/{id}/ack, /nack)"
+        } else {
+            "one batch request each (POST /v1/messages/ack, /nack)"
+        },
+    );
+    Ok(())
+}
+
+/// The shape and timing of a finished cycle run, for [`report_cycle`].
+#[derive(Debug)]
+pub(super) struct CycleFigures {
+    /// retry-cycle (else cycle).
+    pub retry: bool,
+    /// Messages to move.
+    pub target: u64,
+    /// Publishing tasks.
+    pub publishers: usize,
+    /// Consuming tasks.
+    pub consumers: usize,
+    /// Start → last publish.
+    pub publish_time: Duration,
+    /// Start → last ack, seconds.
+    pub elapsed: f64,
+    /// `--timeout`, for the incomplete message.
+    pub timeout_ms: u64,
+}
+
+/// The figures of a cycle run (redrive's or the PostgreSQL peer's, with the same keys).
+pub(super) fn report_cycle(
+    report: &mut Report,
+    f: &CycleFigures,
+    published: &mut PublisherOutcome,
+    consumed: &mut ConsumerOutcome,
+) {
+    report.count("publishers", "publishing connections", f.publishers as u64);
+    report.count("consumers", "consuming connections", f.consumers as u64);
+    report.publishing(f.target, published.messages, f.publish_time);
     report.summary(
         "publish_request_latency",
         "publish request latency",
         published.latency.summary(),
     );
-    if retry {
+    if f.retry {
         report.count("nacked", "first deliveries nacked", consumed.nacked);
         report.count(
             "retries_acked",
@@ -138,14 +190,14 @@ pub async fn run(
         "stale messages of other runs acked",
         consumed.stale,
     );
-    report.secs("elapsed_s", "elapsed (first publish → last ack)", elapsed);
-    let label = if retry {
+    report.secs("elapsed_s", "elapsed (first publish → last ack)", f.elapsed);
+    let label = if f.retry {
         "full retry cycles per second"
     } else {
         "end-to-end (acked) rate"
     };
-    report.rate("messages_per_s", label, consumed.acked as f64 / elapsed);
-    let latency_label = if retry {
+    report.rate("messages_per_s", label, consumed.acked as f64 / f.elapsed);
+    let latency_label = if f.retry {
         "publish → ack after retry"
     } else {
         "publish → ack latency"
@@ -164,22 +216,26 @@ pub async fn run(
         "messages per non-empty lease",
         format!("{per_lease:.1}"),
     );
-    if consumed.acked < target {
-        let what = if retry { "retried and acked" } else { "acked" };
+    if consumed.acked < f.target {
+        let what = if f.retry {
+            "retried and acked"
+        } else {
+            "acked"
+        };
         report.incomplete = Some(format!(
-            "stopped after --timeout {}: {} of {target} messages {what} ({} published, {} nacked)",
-            format_duration_ms(args.timeout.ms()),
+            "stopped after --timeout {}: {} of {} messages {what} ({} published, {} nacked)",
+            format_duration_ms(f.timeout_ms),
             consumed.acked,
+            f.target,
             published.messages,
             consumed.nacked
         ));
     }
-    Ok(())
 }
 
 /// Publishing and consuming tasks out of `connections`: a quarter publish unless
 /// told otherwise, and both sides get at least one.
-fn split(connections: usize, publishers: Option<usize>) -> (usize, usize) {
+pub(super) fn split(connections: usize, publishers: Option<usize>) -> (usize, usize) {
     let p = publishers
         .unwrap_or(connections / 4)
         .clamp(1, connections.saturating_sub(1).max(1));
@@ -318,6 +374,10 @@ mod tests {
         assert_eq!(split(2, None), (1, 1));
         assert_eq!(split(1, None), (1, 1));
         assert_eq!(split(4, Some(10)), (3, 1));
+        // scripts/bench_vs_pg.sh: --connections consumers + publishers, --publishers given.
+        assert_eq!(split(16 + 4, Some(4)), (4, 16));
+        assert_eq!(split(64 + 4, Some(4)), (4, 64));
+        assert_eq!(split(8 + 4, Some(4)), (4, 8));
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! second (see [`prom`]).
 //!
 //! One file per family of workloads: [`publish`] (publish, publish-batch,
-//! scheduled), [`cycle`] (cycle, retry-cycle), [`delayed`].
+//! scheduled), [`cycle`] (cycle, retry-cycle), [`delayed`]. With `--pg URL`,
+//! [`pg`] runs cycle / retry-cycle against the peer users compare redrive with:
+//! a PostgreSQL table consumed with `FOR UPDATE SKIP LOCKED`, same shapes, same report.
 //!
 //! Requests go through [`redrive_client::Client`], the typed client the CLI and the
 //! tests use, and failures are its typed errors. On the hot paths (publish, lease,
@@ -24,6 +26,7 @@
 mod consumer;
 mod cycle;
 mod delayed;
+mod pg;
 mod prom;
 mod publish;
 mod report;
@@ -59,7 +62,8 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Workload::Publish)]
     pub workload: Workload,
-    /// Concurrent connections (one task each).
+    /// Concurrent connections (one task each); in cycle, retry-cycle and delayed they include
+    /// the --publishers.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub connections: u32,
     /// Run length of publish and publish-batch.
@@ -101,6 +105,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// cycle / retry-cycle against PostgreSQL instead of the server: a `FOR UPDATE SKIP LOCKED`
+    /// job table, e.g. postgres://root@127.0.0.1:5432/test (see below).
+    #[arg(long, value_name = "URL", value_parser = pg::parse_url)]
+    pub pg: Option<String>,
+    /// --pg: the job table (created if absent, emptied at the start of the run).
+    #[arg(long, value_name = "NAME", default_value = pg::DEFAULT_TABLE, value_parser = pg::parse_table)]
+    pub pg_table: String,
 }
 
 const BENCH_HELP: &str = "\
@@ -118,6 +129,9 @@ Workloads (each stops by itself; run against a server started separately):
                      initial_delay = \"0s\"
                      jitter = \"none\"
                  The bench checks the policy first, and that every retry comes back.
+                 cycle, retry-cycle with --batch 1: one message per lease and one
+                 POST /v1/messages/{id}/ack or /nack per message (a one-at-a-time
+                 worker), not the batch endpoints.
   delayed        publish with deliver_at = start + --lead + delay, delays spread over
                  --spread (plus --long-fraction of
                  long ones, to expose head-of-line blocking); consumers long-poll (wait 5s)
@@ -129,10 +143,30 @@ Workloads (each stops by itself; run against a server started separately):
 Every workload ends with the server's group-commit figures from /metrics:
 changes per commit and commits (fsyncs) per second.
 
+The PostgreSQL peer (--pg URL; cycle and retry-cycle only; --server is not used):
+the same publishers / consumers split, --messages, --batch, --payload-bytes and report,
+against a River / pgmq / Oban-style job table, one connection per task, no TLS,
+`SET synchronous_commit = on` on every connection (the run prints fsync and
+synchronous_commit as the server reports them). The table (--pg-table) is created
+if absent and TRUNCATEd at the start of every run, so do not point two runs at one
+table at once.
+  publish   one INSERT … SELECT FROM unnest($texts) per batch of --batch
+  claim     UPDATE … SET state = 1, attempts = attempts + 1 WHERE id IN (SELECT id …
+            WHERE queue = $1 AND state = 0 AND run_at <= now() ORDER BY run_at, id
+            FOR UPDATE SKIP LOCKED LIMIT --batch) RETURNING id, attempts, payload
+  fail      UPDATE … SET state = 0, run_at = now() … WHERE id = ANY($ids)  (one per claim)
+  complete  DELETE … WHERE id = ANY($ids)  (one per claim; fail and complete are
+            pipelined on the task's connection, as redrive's nack and ack requests are
+            sent together)
+An empty claim sleeps 5 ms before the next (redrive's consumers long-poll instead).
+The peer has no lease expiry, rescuer or dead-letter state: a minimal queue.
+
 Examples:
   redrive serve --data-dir /tmp/rd &
   redrive bench --workload publish --connections 64 --duration 10s
-  redrive bench --workload cycle --messages 200000 --batch 100 --json";
+  redrive bench --workload cycle --messages 200000 --batch 100 --json
+  redrive bench --pg postgres://root@127.0.0.1:5432/test --workload retry-cycle \\
+      --connections 20 --publishers 4 --batch 100 --messages 200000";
 
 /// The workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -316,6 +350,12 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         (None, _) => format!("bench-{run_id}"),
     };
     redrive_core::validate_queue_name(&queue).map_err(|e| usage(format!("--queue: {e}")))?;
+    if args.pg.is_some() && !matches!(args.workload, Workload::Cycle | Workload::RetryCycle) {
+        return Err(usage(format!(
+            "--pg runs cycle and retry-cycle only, not {}",
+            args.workload.name()
+        )));
+    }
     let ctx = Arc::new(Ctx {
         api,
         queue,
@@ -324,6 +364,10 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         errors: ErrorTally::default(),
         progress: Progress::default(),
     });
+
+    if let Some(url) = args.pg.clone() {
+        return pg::run(ctx, &args, &url).await;
+    }
 
     // Preflight: is the server there at all (exit 3 if not)?
     if let Err(e) = ctx.api.healthz().await {
@@ -384,8 +428,12 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         _ => None,
     });
     report.errors(&ctx.errors);
+    print_report(report, args.json)
+}
 
-    if args.json {
+/// Print the report (text or JSON); an error if the run did not reach its target.
+fn print_report(mut report: Report, json: bool) -> anyhow::Result<()> {
+    if json {
         print_json(&report.to_json());
     } else {
         print!("{}", report.render());
@@ -453,6 +501,31 @@ mod tests {
         assert_eq!(a.workload, Workload::RetryCycle);
         assert_eq!(a.messages, Some(10));
         assert!(a.json);
+    }
+
+    #[test]
+    fn pg_flags() {
+        let a = bench_args(&[]).unwrap();
+        assert_eq!(a.pg, None);
+        assert_eq!(a.pg_table, "redrive_bench_jobs");
+        let a = bench_args(&[
+            "--pg",
+            "postgres://root@127.0.0.1:5432/test",
+            "--pg-table",
+            "jobs_2",
+            "--workload",
+            "retry-cycle",
+        ])
+        .unwrap();
+        assert_eq!(a.pg.as_deref(), Some("postgres://root@127.0.0.1:5432/test"));
+        assert_eq!(a.pg_table, "jobs_2");
+        for (argv, flag) in [
+            (&["--pg", "http://127.0.0.1:7077"][..], "--pg"),
+            (&["--pg-table", "Jobs"][..], "--pg-table"),
+        ] {
+            let e = bench_args(argv).unwrap_err();
+            assert!(e.to_string().contains(flag), "{argv:?}: {e}");
+        }
     }
 
     #[test]

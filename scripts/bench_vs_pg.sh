@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# redrive against its usual peer, a PostgreSQL job table consumed with FOR UPDATE SKIP LOCKED
+# (River / pgmq / Oban style), on the retry-cycle workload: publishers batch-publish, consumers
+# lease up to BATCH, nack each first delivery (transient, zero delay), lease the retry, ack it.
+# Both systems are driven by the same load generator (`redrive bench`, with `--pg URL` for the
+# peer: see `redrive bench --help`), with the same shapes, on this machine.
+#
+#   scripts/bench_vs_pg.sh                            # 3 interleaved rounds of each shape
+#   ROUNDS=1 MESSAGES=5000 scripts/bench_vs_pg.sh     # a quick check
+#   SHAPES="16x100" PUBLISHERS=8 scripts/bench_vs_pg.sh
+#
+# SHAPES     consumers x batch, space-separated (default "16x100 8x10 64x1"). batch 1 means one
+#            message per lease and one ack / nack request per message (redrive's single-message
+#            endpoints; for PostgreSQL, one claim of 1 row and one UPDATE / DELETE per job).
+# PUBLISHERS publishing connections, on both sides (default 4); --connections is
+#            consumers + PUBLISHERS, so "16x100" really is 16 consumers.
+# MESSAGES   messages per run (default 200000 for batch >= 10, 50000 below).
+# ROUNDS     rounds (default 3); each round runs redrive (a fresh release server in a fresh data
+#            dir, the zero-delay bench-retry policy of scripts/bench.sh) and then PostgreSQL
+#            (a TRUNCATEd table, after a CHECKPOINT), so slow drifts of a shared machine hit both.
+# PG_URL     default postgres://root@127.0.0.1:5432/test
+# PORT       redrive's port (default 7079)
+#
+# Output: one line per run, then per shape: redrive median [min–max], PostgreSQL median
+# [min–max] (full retry cycles per second), and the ratio of the medians. Figures from a
+# machine that other work shares are indicative only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SHAPES=${SHAPES:-"16x100 8x10 64x1"}
+PUBLISHERS=${PUBLISHERS:-4}
+ROUNDS=${ROUNDS:-3}
+PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
+PORT=${PORT:-7079}
+SERVER="http://127.0.0.1:$PORT"
+
+for shape in $SHAPES; do
+  [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || {
+    echo "bad shape $shape: expected CONSUMERSxBATCH, e.g. 16x100" >&2
+    exit 2
+  }
+done
+
+cargo build --release -p redrive --quiet
+BIN=$PWD/target/release/redrive
+WORK=$(mktemp -d)
+PID=
+cleanup() {
+  if [ -n "$PID" ]; then kill -TERM "$PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cat >"$WORK/bench.toml" <<'TOML'
+log = "warn"
+[queues."bench-retry".retry]
+backoff = "fixed"
+initial_delay = "0s"
+jitter = "none"
+TOML
+
+start() { # data dir
+  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" \
+    >>"$WORK/server.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 500); do
+    curl -sf "$SERVER/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.01
+  done
+  echo "server did not become ready:" >&2
+  tail -20 "$WORK/server.log" >&2
+  exit 1
+}
+stop() {
+  kill -TERM "$PID"
+  wait "$PID" || true
+  PID=
+}
+pg() { psql "$PG_URL" -XAtqc "$1"; }
+
+echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (the machine may be shared: figures are indicative)"
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (with local changes)')"
+FSYNC_TEST=$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1 || true)
+if [ -n "$FSYNC_TEST" ]; then
+  echo "fsync latency (pg_test_fsync, one 8 kB write + sync, in $WORK's file system):"
+  (cd "$WORK" && "$FSYNC_TEST" -s 2 -f "$WORK/fsync.test" 2>/dev/null |
+    grep -E "fdatasync|fsync " | head -3) || true
+fi
+echo "PostgreSQL: $(pg 'SELECT version()')"
+echo "PostgreSQL settings: $(pg "SELECT string_agg(name || ' = ' || setting || coalesce(unit, ''), ', ' ORDER BY name)
+  FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'wal_sync_method', 'full_page_writes',
+  'commit_delay', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout')")"
+echo "  (the bench sets synchronous_commit = on on each of its connections)"
+echo "data: redrive in $WORK ($(df --output=source,fstype "$WORK" | tail -1 | tr -s ' ')), PostgreSQL in \
+$(pg 'SHOW data_directory' 2>/dev/null || echo '?') ($(df --output=source,fstype "$(pg 'SHOW data_directory' 2>/dev/null || echo /)" 2>/dev/null | tail -1 | tr -s ' '))"
+echo "publishers: $PUBLISHERS on both sides; rounds: $ROUNDS; payload: the bench's default (64 bytes)"
+echo
+
+# One run: system shape round consumers batch messages; appends "shape system rate" to results.
+run() {
+  local system=$1 shape=$2 round=$3 consumers=$4 batch=$5 messages=$6
+  local out="$WORK/$system-$shape-$round.json" target
+  local common=(--workload retry-cycle --connections $((consumers + PUBLISHERS))
+    --publishers "$PUBLISHERS" --batch "$batch" --messages "$messages" --json)
+  if [ "$system" = redrive ]; then
+    local data="$WORK/data-$shape-$round"
+    start "$data"
+    "$BIN" bench --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    stop
+    rm -rf "$data"
+    target=redrive
+  else
+    pg CHECKPOINT >/dev/null
+    "$BIN" bench --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err" || true
+    target=PostgreSQL
+  fi
+  if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then
+    printf '%-7s round %d  %-10s  FAILED: %s\n' "$shape" "$round" "$target" \
+      "$( (jq -r '.incomplete_reason // empty' "$out" 2>/dev/null; tail -3 "$out.err") | tr '\n' ' ')"
+    return
+  fi
+  local line
+  line=$(jq -r 'def r1: if . == null then "n/a" else (. * 10 | round / 10) end;
+      [(.messages_per_s | round), (.end_to_end_latency.p50_ms | r1), (.end_to_end_latency.p99_ms | r1),
+       (.elapsed_s | r1), (.errors | to_entries | map(.value.count) | add // 0),
+       ((.commits.commits_per_second // .pg_wal_syncs_per_s) | if . == null then "n/a" else round end)]
+      | @tsv' "$out")
+  local rate p50 p99 elapsed errors syncs
+  IFS=$'\t' read -r rate p50 p99 elapsed errors syncs <<<"$line"
+  printf '%-7s round %d  %-10s  %7s cycles/s  p50 %6s ms  p99 %6s ms  %6s s  fsyncs/s %5s  errors %s\n' \
+    "$shape" "$round" "$target" "$rate" "$p50" "$p99" "$elapsed" "$syncs" "$errors"
+  jq -r --arg shape "$shape" --arg system "$system" '[$shape, $system, .messages_per_s] | @tsv' \
+    "$out" >>"$WORK/results.tsv"
+}
+
+: >"$WORK/results.tsv"
+for shape in $SHAPES; do
+  consumers=${shape%x*}
+  batch=${shape#*x}
+  if [ -n "${MESSAGES:-}" ]; then
+    messages=$MESSAGES
+  elif [ "$batch" -ge 10 ]; then
+    messages=200000
+  else
+    messages=50000
+  fi
+  echo "== $shape: $consumers consumers, $PUBLISHERS publishers, batch $batch, $messages messages"
+  for round in $(seq 1 "$ROUNDS"); do
+    run redrive "$shape" "$round" "$consumers" "$batch" "$messages"
+    run pg "$shape" "$round" "$consumers" "$batch" "$messages"
+  done
+done
+
+echo
+echo "full retry cycles per second (median [min–max] of the complete runs):"
+python3 - "$WORK/results.tsv" "$SHAPES" <<'PY'
+import sys
+from statistics import median
+
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+shapes = sys.argv[2].split()
+
+def fig(values):
+    if not values:
+        return "n/a", None
+    m = median(values)
+    return f"{m:,.0f} [{min(values):,.0f}–{max(values):,.0f}] (n={len(values)})", m
+
+print(f"{'shape':<8} {'redrive':<32} {'PostgreSQL':<32} redrive/PostgreSQL")
+for shape in shapes:
+    rd = [float(r[2]) for r in rows if r[0] == shape and r[1] == "redrive"]
+    pg = [float(r[2]) for r in rows if r[0] == shape and r[1] == "pg"]
+    rd_text, rd_m = fig(rd)
+    pg_text, pg_m = fig(pg)
+    ratio = f"{rd_m / pg_m:.2f}x" if rd_m and pg_m else "n/a"
+    print(f"{shape:<8} {rd_text:<32} {pg_text:<32} {ratio}")
+PY
