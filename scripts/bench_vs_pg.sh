@@ -14,6 +14,8 @@
 #            endpoints; for PostgreSQL, one claim of 1 row and one UPDATE / DELETE per job).
 # PUBLISHERS publishing connections, on both sides (default 4); --connections is
 #            consumers + PUBLISHERS, so "16x100" really is 16 consumers.
+# PUBLISH_BATCH messages per publish request, on both sides (default 100, whatever the
+#            consumers' batch: "64x1" measures one-message consumers, not single publishes).
 # MESSAGES   messages per run (default 200000 for batch >= 10, 50000 below).
 # ROUNDS     rounds (default 3); each round runs redrive (a fresh release server in a fresh data
 #            dir, the zero-delay bench-retry policy of scripts/bench.sh) and then PostgreSQL
@@ -29,6 +31,7 @@ cd "$(dirname "$0")/.."
 
 SHAPES=${SHAPES:-"16x100 8x10 64x1"}
 PUBLISHERS=${PUBLISHERS:-4}
+PUBLISH_BATCH=${PUBLISH_BATCH:-100}
 ROUNDS=${ROUNDS:-3}
 PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
 PORT=${PORT:-7079}
@@ -94,7 +97,7 @@ echo "PostgreSQL settings: $(pg "SELECT string_agg(name || ' = ' || setting || c
 echo "  (the bench sets synchronous_commit = on on each of its connections)"
 echo "data: redrive in $WORK ($(df --output=source,fstype "$WORK" | tail -1 | tr -s ' ')), PostgreSQL in \
 $(pg 'SHOW data_directory' 2>/dev/null || echo '?') ($(df --output=source,fstype "$(pg 'SHOW data_directory' 2>/dev/null || echo /)" 2>/dev/null | tail -1 | tr -s ' '))"
-echo "publishers: $PUBLISHERS on both sides; rounds: $ROUNDS; payload: the bench's default (64 bytes)"
+echo "publishers: $PUBLISHERS on both sides, $PUBLISH_BATCH messages per publish request; rounds: $ROUNDS; payload: the bench's default (64 bytes)"
 echo
 
 # One run: system shape round consumers batch messages; appends "shape system rate" to results.
@@ -102,7 +105,8 @@ run() {
   local system=$1 shape=$2 round=$3 consumers=$4 batch=$5 messages=$6
   local out="$WORK/$system-$shape-$round.json" target
   local common=(--workload retry-cycle --connections $((consumers + PUBLISHERS))
-    --publishers "$PUBLISHERS" --batch "$batch" --messages "$messages" --json)
+    --publishers "$PUBLISHERS" --batch "$batch" --publish-batch "$PUBLISH_BATCH"
+    --messages "$messages" --json)
   if [ "$system" = redrive ]; then
     local data="$WORK/data-$shape-$round"
     start "$data"

@@ -75,7 +75,7 @@ pub async fn run(
     let deadline = start + Duration::from_millis(args.timeout.ms());
     let plan = PublishPlan {
         url: ctx.url(&["v1", "queues", &ctx.queue, "messages"]),
-        batch: args.batch as u64,
+        batch: args.publish_batch.unwrap_or(args.batch) as u64,
         limit: Some(target),
         claimed: Arc::new(AtomicU64::new(0)),
         deadline,

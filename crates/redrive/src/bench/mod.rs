@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// Messages per batch publish, lease and batch ack/nack.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch: u32,
+    /// cycle and retry-cycle: messages per publish request (default: --batch). Lets a
+    /// one-message-per-lease shape (`--batch 1`) be fed by batch publishers, so that it
+    /// measures the consumers, not single publishes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub publish_batch: Option<u32>,
     /// Queue to use (default: a new one per run, bench-PID-MILLIS; retry-cycle: bench-retry).
     #[arg(long)]
     pub queue: Option<String>,

@@ -338,7 +338,7 @@ pub async fn run(ctx: Arc<Ctx>, args: &BenchArgs, url: &str) -> anyhow::Result<(
                 ctx.clone(),
                 client,
                 prepared,
-                args.batch as u64,
+                args.publish_batch.unwrap_or(args.batch) as u64,
                 target,
                 claimed.clone(),
                 deadline,
