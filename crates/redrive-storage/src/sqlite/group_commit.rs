@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// At most this many jobs share one transaction: large enough that a burst of
@@ -226,14 +226,6 @@ fn commit_batch(
     }
 }
 
-/// How long a rewind of the WAL waits for readers still reading from it (a search, an
-/// export page) before giving up until the next commit. Short: the writer waits here, and
-/// every queued request with it.
-const REWIND_READER_WAIT: Duration = Duration::from_millis(50);
-
-/// The writer's busy timeout outside a rewind (see `open_connection`).
-const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Keep the WAL bounded under continuous load (SPEC §7: disk is bounded by the data, not by
 /// uptime).
 ///
@@ -244,7 +236,7 @@ const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// leaves the file past [`Shared::wal_restart_bytes`], the writer itself — the only writer, so
 /// nothing can append meanwhile — runs a `RESTART` checkpoint: it copies the frames the
 /// background checkpointer has not copied yet, fsyncs the database file, and waits (at most
-/// [`REWIND_READER_WAIT`]) for readers to leave the log. The next commit then writes from the
+/// 50 ms, [`super::busy::wait_50ms`]: short, since every queued request waits with the writer) for readers to leave the log. The next commit then writes from the
 /// start of the file, and SQLite truncates the file back to `journal_size_limit` (the same
 /// size). Readers that hold the log longer make the rewind give up; the next commit tries
 /// again.
@@ -259,9 +251,9 @@ fn bound_log(state: &mut WriterState, shared: &Shared) {
     let conn = &state.conn;
     let started = Instant::now();
     let _turn = shared.checkpoint_lock.lock();
-    let _ = conn.busy_timeout(REWIND_READER_WAIT);
+    let _ = conn.busy_handler(Some(super::busy::wait_50ms));
     let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
-    let _ = conn.busy_timeout(WRITER_BUSY_TIMEOUT);
+    let _ = conn.busy_handler(Some(super::busy::wait_5s));
     if let Ok(mut s) = shared.stats.lock() {
         s.log_rewind_seconds += started.elapsed().as_secs_f64();
     }

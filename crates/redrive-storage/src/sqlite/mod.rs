@@ -9,6 +9,7 @@
 //! *earliest* due time (an index seek), so a million scheduled messages cost
 //! disk, not RAM.
 
+mod busy;
 mod checkpoint;
 mod group_commit;
 mod idempotency;
@@ -145,7 +146,7 @@ fn open_connection(
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let conn = Connection::open_with_flags(path, flags).db()?;
-    conn.busy_timeout(std::time::Duration::from_secs(5)).db()?;
+    conn.busy_handler(Some(busy::wait_5s)).db()?;
     let sync = match opts.durability {
         Durability::Fsync => "FULL",
         Durability::UnsafeBuffered => "NORMAL",
@@ -400,7 +401,11 @@ impl Store for SqliteStore {
     }
 
     async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError> {
-        self.write(move |w| w.tick(now)).await
+        // Unsynced, like a lease: a promotion or an expired lease is nobody's acknowledged
+        // write (a crash before its commit leaves the message scheduled with a past due time,
+        // or leased with an expired lease, and the first tick after the restart does it
+        // again), and the consumers it wakes must not wait for the disk to lease.
+        self.write_unsynced(move |w| w.tick(now)).await
     }
 
     async fn purge(
