@@ -103,6 +103,10 @@ pub struct WriterState {
     /// job waits until this batch has committed (`group_commit::Shared::settled`).
     pub batch: u64,
     rng: SplitMix64,
+    /// Random at every open, whatever the seed: mixed into every lease token, so that a
+    /// token handed out before a crash (whose lease may not have committed) never matches
+    /// one handed out after it, even when a fixed seed repeats the generator's sequence.
+    epoch: u64,
     catalog: Arc<QueueCatalog>,
     idempotency_window_ms: u64,
     /// Counts published to readers after each commit.
@@ -140,6 +144,7 @@ impl WriterState {
             refusing: false,
             batch: 0,
             rng: SplitMix64::new(seed),
+            epoch: open_epoch(),
             catalog,
             idempotency_window_ms,
             counts,
@@ -578,7 +583,7 @@ impl WriterState {
             _ => req.max.max(1),
         };
         let expires = now.plus_ms(req.lease_ms);
-        let nonce = format!("{:016x}", self.rng.next_u64());
+        let nonce = format!("{:016x}", self.rng.next_u64() ^ self.epoch);
         let mut rows: Vec<Row> = self
             .conn
             .prepare_cached(sql)
@@ -978,6 +983,19 @@ fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError>
         return Err(StoreError::LeaseExpired);
     }
     Ok(())
+}
+
+/// A random number for this open of the store (the OS-seeded hasher of the standard library,
+/// and the clock).
+fn open_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint of a payload for idempotency checks.
