@@ -53,23 +53,28 @@ impl ReaderPool {
 
 /// Count messages per queue and state (at open; afterwards the writer keeps counts).
 pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
+    // Counted here, row by row, not with `GROUP BY queue, state`: no index holds both
+    // columns, so SQLite would sort every row first, and with `temp_store = MEMORY` its
+    // sorter lived in RAM (measured: 667 MiB of RSS after opening 10,000,000 messages).
     let mut counts = Counts::new();
-    let mut stmt = conn
-        .prepare("SELECT queue, state, COUNT(*) FROM messages GROUP BY queue, state")
-        .db()?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, u8>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })
-        .db()?;
-    for row in rows {
-        let (q, s, n) = row.db()?;
-        let st = State::from_code(s).ok_or_else(|| super::row::unknown_state(s))?;
-        counts.entry(q).or_insert([0; 5])[st.code() as usize] = n;
+    let mut stmt = conn.prepare("SELECT queue, state FROM messages").db()?;
+    let mut rows = stmt.query([]).db()?;
+    while let Some(row) = rows.next().db()? {
+        let code: u8 = row.get(1).db()?;
+        let st = State::from_code(code).ok_or_else(|| super::row::unknown_state(code))?;
+        let queue = row
+            .get_ref(0)
+            .db()?
+            .as_str()
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        match counts.get_mut(queue) {
+            Some(c) => c[st.code() as usize] += 1,
+            None => {
+                let mut c = [0; 5];
+                c[st.code() as usize] = 1;
+                counts.insert(queue.to_owned(), c);
+            }
+        }
     }
     Ok(counts)
 }
