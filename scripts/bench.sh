@@ -14,32 +14,9 @@ cd "$(dirname "$0")/.."
 WORKLOADS=${WORKLOADS:-"publish publish-batch cycle retry-cycle delayed scheduled"}
 SCHEDULED=${SCHEDULED:-1000000}
 PORT=${PORT:-7077}
-SERVER="http://127.0.0.1:$PORT"
 
-cargo build --release -p redrive --quiet
-BIN=$PWD/target/release/redrive
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-
-cat >"$WORK/bench.toml" <<'TOML'
-log = "warn"
-[queues."bench-retry".retry]
-backoff = "fixed"
-initial_delay = "0s"
-jitter = "none"
-TOML
-
-start() { # data dir
-  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" &
-  PID=$!
-  for _ in $(seq 1 500); do
-    curl -sf "$SERVER/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.01
-  done
-  echo "server did not become ready" >&2
-  exit 1
-}
-stop() { kill -TERM "$PID"; wait "$PID" || true; }
+# shellcheck source=bench_server.sh
+source scripts/bench_server.sh
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "commit: $(git rev-parse --short HEAD)"

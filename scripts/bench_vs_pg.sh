@@ -35,7 +35,6 @@ PUBLISH_BATCH=${PUBLISH_BATCH:-100}
 ROUNDS=${ROUNDS:-3}
 PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
 PORT=${PORT:-7079}
-SERVER="http://127.0.0.1:$PORT"
 
 for shape in $SHAPES; do
   [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || {
@@ -44,41 +43,8 @@ for shape in $SHAPES; do
   }
 done
 
-cargo build --release -p redrive --quiet
-BIN=$PWD/target/release/redrive
-WORK=$(mktemp -d)
-PID=
-cleanup() {
-  if [ -n "$PID" ]; then kill -TERM "$PID" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-cat >"$WORK/bench.toml" <<'TOML'
-log = "warn"
-[queues."bench-retry".retry]
-backoff = "fixed"
-initial_delay = "0s"
-jitter = "none"
-TOML
-
-start() { # data dir
-  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" \
-    >>"$WORK/server.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 500); do
-    curl -sf "$SERVER/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.01
-  done
-  echo "server did not become ready:" >&2
-  tail -20 "$WORK/server.log" >&2
-  exit 1
-}
-stop() {
-  kill -TERM "$PID"
-  wait "$PID" || true
-  PID=
-}
+# shellcheck source=bench_server.sh
+source scripts/bench_server.sh
 pg() { psql "$PG_URL" -XAtqc "$1"; }
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"

@@ -13,28 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10000000}
 PORT=${PORT:-7078}
-cargo build --release -p redrive --quiet
-BIN=$PWD/target/release/redrive
-WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
-printf 'log = "warn"\n' >"$WORK/r.toml"
+# shellcheck source=bench_server.sh
+source scripts/bench_server.sh
 
-start() {
-  "$BIN" serve --config "$WORK/r.toml" --listen "127.0.0.1:$PORT" --data-dir "$WORK/data" &
-  PID=$!
-  for _ in $(seq 1 6000); do
-    curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
-    kill -0 "$PID" 2>/dev/null || { echo "server exited" >&2; exit 1; }
-    sleep 0.01
-  done
-  echo "server did not become ready in 60 s" >&2
-  exit 1
-}
-stop() { kill -TERM "$PID"; wait "$PID" || true; }
-
-start
+start "$WORK/data"
 curl -sf --json '{"payload": {"n": 1, "pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}, "delay": "1d"}' \
-  "http://127.0.0.1:$PORT/v1/queues/scheduled/messages" >/dev/null
+  "$SERVER/v1/queues/scheduled/messages" >/dev/null
 stop
 echo "building a store of $N scheduled messages with SQLite…"
 python3 - "$WORK/data/redrive.db" "$N" <<'PY'
@@ -54,7 +38,7 @@ echo "data dir: $(du -sh "$WORK/data" | cut -f1)"
 for run in 1 2; do
   sync
   t0=$(date +%s%N)
-  start
+  start "$WORK/data"
   t1=$(date +%s%N)
   echo "restart $run: ready in $(((t1 - t0) / 1000000)) ms, RSS $(awk '/VmRSS/ {print int($2 / 1024)}' /proc/$PID/status) MiB (peak $(awk '/VmHWM/ {print int($2 / 1024)}' /proc/$PID/status) MiB)"
   stop

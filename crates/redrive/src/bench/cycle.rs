@@ -101,12 +101,7 @@ pub async fn run(
     let ((published, publish_time), consumed) = tokio::join!(publishing, consuming);
     let mut published = published?;
     let mut consumed = consumed?;
-    let end = ctx
-        .progress
-        .reached_at
-        .get()
-        .copied()
-        .unwrap_or_else(Instant::now);
+    let end = ctx.progress.end();
     let elapsed = end.duration_since(start).as_secs_f64();
 
     report_cycle(

@@ -125,12 +125,7 @@ pub async fn run(
     let ((published, publish_time), seen) = tokio::join!(publishing, consuming);
     let published = published?;
     let mut seen = seen?;
-    let end = ctx
-        .progress
-        .reached_at
-        .get()
-        .copied()
-        .unwrap_or_else(Instant::now);
+    let end = ctx.progress.end();
     let mut all = Samples::new();
     all.merge(seen.short.clone());
     all.merge(seen.long.clone());

@@ -253,6 +253,11 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// When the run reached its target, or now if it did not (yet).
+    pub fn end(&self) -> Instant {
+        self.reached_at.get().copied().unwrap_or_else(Instant::now)
+    }
+
     /// Add `n` finished messages; when they reach `target`, mark the run done.
     pub fn finish(&self, n: u64, target: u64) {
         let total = self.finished.fetch_add(n, Ordering::Relaxed) + n;

@@ -369,12 +369,7 @@ pub async fn run(ctx: Arc<Ctx>, args: &BenchArgs, url: &str) -> anyhow::Result<(
     }
     let (mut published, publish_time) = published?;
     let mut consumed = consumed?;
-    let end = ctx
-        .progress
-        .reached_at
-        .get()
-        .copied()
-        .unwrap_or_else(Instant::now);
+    let end = ctx.progress.end();
     let elapsed = end.duration_since(started).as_secs_f64();
     // The task connections closed with their tasks: let their statistics land.
     wait_for_backends(&admin, &application_name).await;

@@ -1,0 +1,48 @@
+# Sourced by the benchmark scripts (bench.sh, bench_vs_pg.sh, restart_scheduled.sh): build the
+# release binary, make a work directory, and start / stop one fresh server at a time on
+# 127.0.0.1:$PORT. Sets BIN, WORK, SERVER and PID; the caller sets PORT first.
+#
+#   start DATA_DIR   start a server on DATA_DIR with $WORK/bench.toml and wait for /readyz
+#                    (its log goes to $WORK/server.log, whose tail is printed if it fails)
+#   stop             SIGTERM it and wait
+
+cargo build --release -p redrive --quiet
+BIN=$PWD/target/release/redrive
+WORK=$(mktemp -d)
+SERVER="http://127.0.0.1:$PORT"
+PID=
+cleanup() {
+  if [ -n "$PID" ]; then kill -TERM "$PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The bench-retry queue retries at once (the retry-cycle workload checks it).
+cat >"$WORK/bench.toml" <<'TOML'
+log = "warn"
+[queues."bench-retry".retry]
+backoff = "fixed"
+initial_delay = "0s"
+jitter = "none"
+TOML
+
+start() { # data dir
+  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" \
+    >>"$WORK/server.log" 2>&1 &
+  PID=$!
+  # Up to 60 s: opening a store of millions of messages takes seconds.
+  for _ in $(seq 1 6000); do
+    curl -sf "$SERVER/readyz" >/dev/null 2>&1 && return 0
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.01
+  done
+  echo "server did not become ready:" >&2
+  tail -20 "$WORK/server.log" >&2
+  exit 1
+}
+
+stop() {
+  kill -TERM "$PID"
+  wait "$PID" || true
+  PID=
+}
