@@ -6,8 +6,12 @@
 //!   checked at connect time against the private, loopback, link-local, metadata … ranges,
 //!   unless the operator allowed it (`push.allow_cidrs`).
 //!
-//! The delivery workers, the classification of answers and the per-endpoint protection
+//! - [`classify`]: what an answer means (done, a failure class with its `Retry-After`, gone),
+//!   from a table of rules with the SPEC §10 defaults.
+//!
+//! The delivery workers and the per-endpoint protection
 //! (breaker, pacing, retry budget) build on these (issue 7).
 
+pub mod classify;
 pub mod signing;
 pub mod ssrf;
