@@ -260,10 +260,7 @@ impl Filesystem for LazyFsOps {
             std::fs::symlink_metadata(s.full(&rel))?;
             s.entry(&rel)
         });
-        match r {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(r, reply)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -349,10 +346,7 @@ impl Filesystem for LazyFsOps {
                 .open(s.full(&rel))?;
             s.entry(&rel)
         });
-        match r {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(r, reply)
     }
 
     fn mkdir(
@@ -371,10 +365,7 @@ impl Filesystem for LazyFsOps {
                 .create(s.full(&rel))?;
             s.entry(&rel)
         });
-        match r {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        answer_entry(r, reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -384,10 +375,7 @@ impl Filesystem for LazyFsOps {
             s.unname(&rel);
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer_empty(r, reply)
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -397,10 +385,7 @@ impl Filesystem for LazyFsOps {
             s.unname(&rel);
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer_empty(r, reply)
     }
 
     fn rename(
@@ -449,10 +434,7 @@ impl Filesystem for LazyFsOps {
             }
             Ok::<(), Errno>(())
         })();
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer_empty(r, reply)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -691,9 +673,22 @@ impl Filesystem for LazyFsOps {
             }
             Ok(())
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer_empty(r, reply)
+    }
+}
+
+/// Answer an operation that returns nothing.
+fn answer_empty(r: Result<(), Errno>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// Answer an operation that returns a directory entry.
+fn answer_entry(r: Result<FileAttr, Errno>, reply: ReplyEntry) {
+    match r {
+        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        Err(e) => reply.error(e),
     }
 }

@@ -258,6 +258,35 @@ async fn a_lease_that_expired_while_closed_is_reaped_after_reopen() {
     s.close().await;
 }
 
+/// Run the ignored test `child` of this binary in a child process with `env` set to `dir`,
+/// check that it reached its `abort()` (as `kill -9` would stop it), and return what it printed
+/// (stdout, stderr).
+#[cfg(unix)]
+fn crash_in_child(child: &str, env: &str, dir: &Path) -> (String, String) {
+    use std::os::unix::process::ExitStatusExt;
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            child,
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(env, dir)
+        .output()
+        .expect("run the child");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "the child did not reach its abort: {stdout}\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
 /// Set in the child process of [`acknowledged_writes_survive_a_process_crash`].
 const CRASH_DIR_ENV: &str = "REDRIVE_RECOVERY_CRASH_DIR";
 const CRASH_MESSAGES: usize = 40;
@@ -314,26 +343,8 @@ fn crash_child() {
 #[cfg(unix)]
 #[test]
 fn acknowledged_writes_survive_a_process_crash() {
-    use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().expect("temp dir");
-    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_child",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(CRASH_DIR_ENV, dir.path())
-        .output()
-        .expect("run the child");
-    assert_eq!(
-        status.status.signal(),
-        Some(6),
-        "the child did not reach its abort: {}\n{}",
-        String::from_utf8_lossy(&status.stdout),
-        String::from_utf8_lossy(&status.stderr)
-    );
+    crash_in_child("crash_child", CRASH_DIR_ENV, dir.path());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -464,28 +475,9 @@ fn lease_crash_child() {
 #[cfg(unix)]
 #[test]
 fn a_lease_lost_in_a_crash_is_delivered_again_as_the_same_attempt() {
-    use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--ignored",
-            "--exact",
-            "lease_crash_child",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(LEASE_CRASH_DIR_ENV, dir.path())
-        .output()
-        .expect("run the child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.signal(),
-        Some(6),
-        "the child did not reach its abort: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, stderr) = crash_in_child("lease_crash_child", LEASE_CRASH_DIR_ENV, dir.path());
     // libtest may hand the child's prints to either stream.
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stdout
         .lines()
         .chain(stderr.lines())

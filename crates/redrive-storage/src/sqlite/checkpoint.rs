@@ -15,7 +15,7 @@
 //! A checkpoint that fails with an I/O error poisons the store like a failed
 //! commit: the database file may not hold what the WAL says it does.
 
-use super::group_commit::Shared;
+use super::group_commit::{wal_checkpoint, Shared};
 use super::SqliteOptions;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -106,16 +106,15 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex
         };
         let result = {
             let _turn = shared.checkpoint_lock.lock();
-            let passive = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-            });
-            match passive {
-                Ok((0, frames))
-                    if mode == "PASSIVE" && log_bytes(frames) > shared.wal_restart_bytes / 2 =>
+            match wal_checkpoint(&conn, mode) {
+                Ok(c)
+                    if c.busy == 0
+                        && mode == "PASSIVE"
+                        && log_bytes(c.log_frames) > shared.wal_restart_bytes / 2 =>
                 {
                     rewind_early(&conn, &shared).map(|()| 0)
                 }
-                r => r.map(|(busy, _)| busy),
+                r => r.map(|c| c.busy),
             }
         };
         match result {
@@ -154,29 +153,14 @@ fn rewind_early(conn: &rusqlite::Connection, shared: &Shared) -> rusqlite::Resul
     // Passive passes (the writer goes on meanwhile) until what is left to copy is small:
     // each one copies what was committed during the one before.
     for _ in 0..4 {
-        let (busy, log, done) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })?;
-        if busy != 0 || log - done <= REWIND_TAIL_FRAMES {
+        let c = wal_checkpoint(conn, "PASSIVE")?;
+        if c.busy != 0 || c.log_frames - c.copied_frames <= REWIND_TAIL_FRAMES {
             break;
         }
     }
     let started = Instant::now();
-    let (busy, _, _) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
-    let waited = started.elapsed().as_secs_f64();
-    if let Ok(mut s) = shared.stats.lock() {
-        s.log_rewind_seconds += waited;
-        s.log_restarts += u64::from(busy == 0);
-    }
+    let busy = wal_checkpoint(conn, "RESTART")?.busy;
+    shared.add_rewind_seconds(started.elapsed().as_secs_f64());
+    shared.set_log_bytes(shared.wal_file_bytes(), busy == 0);
     Ok(())
 }

@@ -79,6 +79,13 @@ impl Shared {
         }
     }
 
+    /// Add the time a rewind of the WAL held the writer off.
+    pub fn add_rewind_seconds(&self, secs: f64) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.log_rewind_seconds += secs;
+        }
+    }
+
     /// The WAL's size on disk now (0 when it does not exist).
     pub fn wal_file_bytes(&self) -> u64 {
         std::fs::metadata(&self.wal_path).map_or(0, |m| m.len())
@@ -252,11 +259,9 @@ fn bound_log(state: &mut WriterState, shared: &Shared) {
     let started = Instant::now();
     let _turn = shared.checkpoint_lock.lock();
     let _ = conn.busy_handler(Some(super::busy::wait_50ms));
-    let result = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
+    let result = wal_checkpoint(conn, "RESTART").map(|c| c.busy);
     let _ = conn.busy_handler(Some(super::busy::wait_5s));
-    if let Ok(mut s) = shared.stats.lock() {
-        s.log_rewind_seconds += started.elapsed().as_secs_f64();
-    }
+    shared.add_rewind_seconds(started.elapsed().as_secs_f64());
     match result {
         Ok(0) => shared.set_log_bytes(shared.wal_file_bytes(), true),
         Ok(_) => {
@@ -274,6 +279,27 @@ fn bound_log(state: &mut WriterState, shared: &Shared) {
             shared.set_log_bytes(bytes, false);
         }
     }
+}
+
+/// What `PRAGMA wal_checkpoint` answered.
+pub struct Checkpointed {
+    /// Non-zero when it could not finish (a writer or readers in the way).
+    pub busy: i64,
+    /// Frames in the log.
+    pub log_frames: i64,
+    /// Frames copied back into the database.
+    pub copied_frames: i64,
+}
+
+/// Run `PRAGMA wal_checkpoint(mode)` (`PASSIVE`, `RESTART`, `TRUNCATE`).
+pub fn wal_checkpoint(conn: &rusqlite::Connection, mode: &str) -> rusqlite::Result<Checkpointed> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        Ok(Checkpointed {
+            busy: r.get(0)?,
+            log_frames: r.get(1)?,
+            copied_frames: r.get(2)?,
+        })
+    })
 }
 
 /// Whether `e` says the disk failed (the store must then be poisoned).

@@ -322,6 +322,8 @@ fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// A random number (the OS-seeded hasher of the standard library, and the clock): the
+/// generator's seed when none is given, and the lease tokens' per-open epoch.
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

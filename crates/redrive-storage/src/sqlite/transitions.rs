@@ -144,7 +144,7 @@ impl WriterState {
             refusing: false,
             batch: 0,
             rng: SplitMix64::new(seed),
-            epoch: open_epoch(),
+            epoch: super::random_seed(),
             catalog,
             idempotency_window_ms,
             counts,
@@ -983,19 +983,6 @@ fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError>
         return Err(StoreError::LeaseExpired);
     }
     Ok(())
-}
-
-/// A random number for this open of the store (the OS-seeded hasher of the standard library,
-/// and the clock).
-fn open_epoch() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint of a payload for idempotency checks.

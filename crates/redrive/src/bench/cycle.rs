@@ -45,6 +45,40 @@ pub(super) struct ConsumerOutcome {
 }
 
 impl ConsumerOutcome {
+    /// Whether to fail (nack) one delivery rather than complete it, counting what it says:
+    /// on retry-cycle this run's first deliveries fail; a message of another run is stale;
+    /// a delivery past the expected attempt (1, or 2 on retry-cycle) is a redelivery.
+    pub(super) fn fails(&mut self, own: bool, attempt: i64, retry: bool) -> bool {
+        if own && retry && attempt <= 1 {
+            return true;
+        }
+        let expected_attempt = if retry { 2 } else { 1 };
+        if !own {
+            self.stale += 1;
+        } else if attempt > expected_attempt {
+            self.redelivered += 1;
+        }
+        false
+    }
+
+    /// Count this run's messages completed now (`sent`: their publish times, µs) and tell
+    /// the run's progress.
+    pub(super) fn completed<'a>(
+        &mut self,
+        ctx: &Ctx,
+        sent: impl Iterator<Item = &'a i64>,
+        target: u64,
+    ) {
+        let now = now_us();
+        let mut own_acked = 0;
+        for t in sent {
+            own_acked += 1;
+            self.latency.push_us(now - t);
+        }
+        self.acked += own_acked;
+        ctx.progress.finish(own_acked, target);
+    }
+
     pub(super) fn merge(&mut self, o: ConsumerOutcome) {
         self.latency.merge(o.latency);
         self.acked += o.acked;
@@ -246,7 +280,6 @@ async fn consume(
     deadline: Instant,
 ) -> ConsumerOutcome {
     let mut out = ConsumerOutcome::default();
-    let expected_attempt = if retry { 2 } else { 1 };
     while !ctx.progress.is_done() && Instant::now() < deadline {
         let Some(batch) = consumer::lease(&ctx, &urls).await else {
             continue;
@@ -262,18 +295,13 @@ async fn consume(
         let mut nacks = Vec::new();
         for m in &batch {
             let own = m.is_from(&ctx.run_id);
-            if own && retry && m.attempt <= 1 {
+            if out.fails(own, i64::from(m.attempt), retry) {
                 nacks.push(Item {
                     id: &m.id,
                     lease: &m.lease,
                     error: Some(TRANSIENT),
                 });
                 continue;
-            }
-            if !own {
-                out.stale += 1;
-            } else if m.attempt > expected_attempt {
-                out.redelivered += 1;
             }
             acks.push(Item {
                 id: &m.id,
@@ -299,16 +327,12 @@ async fn consume(
             }
         }
         if let Some(results) = acked {
-            let now = now_us();
-            let mut own_acked = 0;
-            for (r, sent) in results.iter().zip(&ack_sent_at) {
-                if let (200, Some(t)) = (r.status, sent) {
-                    own_acked += 1;
-                    out.latency.push_us(now - t);
-                }
-            }
-            out.acked += own_acked;
-            ctx.progress.finish(own_acked, target);
+            let sent = results
+                .iter()
+                .zip(&ack_sent_at)
+                .filter(|(r, _)| r.status == 200)
+                .filter_map(|(_, sent)| sent.as_ref());
+            out.completed(&ctx, sent, target);
         }
     }
     out

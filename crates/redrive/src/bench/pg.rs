@@ -29,7 +29,7 @@
 use super::cycle::{report_cycle, split, ConsumerOutcome, CycleFigures};
 use super::publish::PublisherOutcome;
 use super::report::Report;
-use super::{claim, now_us, progress_ticker, BenchArgs, Ctx, Workload, ERROR_PAUSE};
+use super::{claim, progress_ticker, BenchArgs, Ctx, Workload, ERROR_PAUSE};
 use serde::Deserialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -542,7 +542,6 @@ async fn consume(
     deadline: Instant,
 ) -> ConsumerOutcome {
     let mut out = ConsumerOutcome::default();
-    let expected_attempt = if retry { 2 } else { 1 };
     let limit = i64::from(batch);
     while !ctx.progress.is_done() && Instant::now() < deadline {
         let rows = match client.query(&prepared.claim, &[&ctx.queue, &limit]).await {
@@ -576,14 +575,9 @@ async fn consume(
                 .as_ref()
                 .and_then(|t| t.run.as_deref())
                 .is_some_and(|r| r == ctx.run_id);
-            if own && retry && attempts <= 1 {
+            if out.fails(own, i64::from(attempts), retry) {
                 fails.push(id);
                 continue;
-            }
-            if !own {
-                out.stale += 1;
-            } else if attempts > expected_attempt {
-                out.redelivered += 1;
             }
             completes.push(id);
             sent_at.push(own.then(|| tag.and_then(|t| t.t).unwrap_or(0)));
@@ -607,14 +601,7 @@ async fn consume(
         }
         match completed_rows {
             Ok(n) if n == completes.len() as u64 => {
-                let now = now_us();
-                let mut own_acked = 0;
-                for t in sent_at.iter().flatten() {
-                    own_acked += 1;
-                    out.latency.push_us(now - t);
-                }
-                out.acked += own_acked;
-                ctx.progress.finish(own_acked, target);
+                out.completed(&ctx, sent_at.iter().flatten(), target)
             }
             Ok(n) => ctx.errors.record(
                 "pg complete: rows missing",
