@@ -35,6 +35,10 @@ impl ErrorClass {
     }
 }
 
+/// The code of [`Failure::endpoint_gone`]. Codes are set by redrive itself, never by a
+/// consumer's nack, so a consumer cannot forge it.
+pub const ENDPOINT_GONE: &str = "endpoint_gone";
+
 /// One failed attempt as the consumer (or the lease reaper) reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
@@ -57,6 +61,22 @@ impl Failure {
             retry_after_ms: None,
             code: None,
         }
+    }
+
+    /// A push endpoint answered 410 Gone: the message dies at once with reason
+    /// `endpoint_gone` (class `permanent`, code [`ENDPOINT_GONE`]).
+    pub fn endpoint_gone(message: impl Into<String>) -> Self {
+        Self {
+            class: ErrorClass::Permanent,
+            message: Some(message.into()),
+            retry_after_ms: None,
+            code: Some(ENDPOINT_GONE.to_owned()),
+        }
+    }
+
+    /// Whether this is [`Failure::endpoint_gone`].
+    pub fn is_endpoint_gone(&self) -> bool {
+        self.class == ErrorClass::Permanent && self.code.as_deref() == Some(ENDPOINT_GONE)
     }
 
     /// The failure redrive records when a lease runs out before an ack or nack.

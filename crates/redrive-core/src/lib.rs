@@ -35,9 +35,11 @@ mod rng;
 mod timestamp;
 
 pub use duration::{format_duration_ms, parse_duration_ms, DurationError, DurationMs};
-pub use error_class::{ErrorClass, Failure};
+pub use error_class::{ErrorClass, Failure, ENDPOINT_GONE};
 pub use id::{IdError, MessageId};
-pub use message::{DeadReason, HistoryEntry, HistoryEvent, LastError, Message, NewMessage, State};
+pub use message::{
+    AttemptResponse, DeadReason, HistoryEntry, HistoryEvent, LastError, Message, NewMessage, State,
+};
 pub use queue_name::{validate_queue_name, QueueNameError, MAX_QUEUE_NAME_BYTES};
 pub use queue_settings::{OnDead, Ordering, QueueCatalog, QueueSettings};
 pub use retry_policy::{

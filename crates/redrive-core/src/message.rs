@@ -98,6 +98,8 @@ pub enum DeadReason {
     PermanentError,
     /// An operator killed it.
     Killed,
+    /// A push endpoint answered 410 Gone: it will never take the message.
+    EndpointGone,
 }
 
 impl DeadReason {
@@ -108,6 +110,7 @@ impl DeadReason {
             DeadReason::MaxAge => "max_age",
             DeadReason::PermanentError => "permanent_error",
             DeadReason::Killed => "killed",
+            DeadReason::EndpointGone => "endpoint_gone",
         }
     }
 
@@ -118,6 +121,7 @@ impl DeadReason {
             Self::MaxAge,
             Self::PermanentError,
             Self::Killed,
+            Self::EndpointGone,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -185,6 +189,24 @@ pub struct HistoryEntry {
     /// What happened.
     #[serde(flatten)]
     pub event: HistoryEvent,
+    /// What the endpoint answered, for attempts redrive made itself (push delivery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<AttemptResponse>,
+}
+
+/// What an endpoint answered to one push attempt (SPEC §10), kept in the attempt's history
+/// entry so an operator sees why each attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptResponse {
+    /// The HTTP status; absent when there was no answer (timeout, connection error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// From sending the request to the end of the answer (or the failure), ms.
+    pub latency_ms: u64,
+    /// The first bytes of the answer's body (at most 1 KiB, cut at a character boundary),
+    /// or what went wrong when there was no answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
 }
 
 /// A message as stored and shown.
@@ -322,6 +344,7 @@ mod tests {
             event: HistoryEvent::Killed {
                 reason: Some("bad".into()),
             },
+            response: None,
         };
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["event"], "killed");

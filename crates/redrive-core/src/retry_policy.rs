@@ -458,9 +458,12 @@ impl RetryPolicy {
             || self.rate_limited_counts
             || ctx.uncharged_rate_limited >= self.max_rate_limited;
         if failure.class == ErrorClass::Permanent {
-            return Decision::Dead {
-                reason: DeadReason::PermanentError,
+            let reason = if failure.is_endpoint_gone() {
+                DeadReason::EndpointGone
+            } else {
+                DeadReason::PermanentError
             };
+            return Decision::Dead { reason };
         }
         if counted && ctx.counted_attempts >= self.max_attempts {
             return Decision::Dead {

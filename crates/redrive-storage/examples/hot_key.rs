@@ -150,7 +150,10 @@ async fn run(
             token: l.token,
         };
         let start = Instant::now();
-        let r = store.ack(vec![lease], Timestamp::now()).await.expect("ack");
+        let r = store
+            .ack(vec![lease.into()], Timestamp::now())
+            .await
+            .expect("ack");
         acks.push(start.elapsed().as_micros());
         assert!(r[0].is_ok(), "ack");
     }

@@ -35,6 +35,6 @@ pub use sqlite::{
     Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,
 };
 pub use store::{
-    Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
-    PurgeOutcome, QueueStats, Store, TickOutcome,
+    Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
+    PurgeOutcome, QueueStats, Release, Store, TickOutcome,
 };

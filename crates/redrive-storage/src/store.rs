@@ -2,7 +2,8 @@
 
 use crate::{MessageFilter, Page, StoreError};
 use redrive_core::{
-    DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State, Timestamp,
+    AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
+    Timestamp,
 };
 use tokio::sync::watch;
 
@@ -57,6 +58,26 @@ pub struct LeaseRef {
     pub token: String,
 }
 
+/// An acknowledgement: the attempt of `lease` succeeded.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// What the endpoint answered, when redrive made the attempt itself (push delivery);
+    /// kept in the attempt's history entry.
+    pub response: Option<AttemptResponse>,
+}
+
+impl From<LeaseRef> for Ack {
+    /// A consumer's ack: no response to record.
+    fn from(lease: LeaseRef) -> Self {
+        Self {
+            lease,
+            response: None,
+        }
+    }
+}
+
 /// A negative acknowledgement.
 #[derive(Debug, Clone)]
 pub struct Nack {
@@ -64,6 +85,20 @@ pub struct Nack {
     pub lease: LeaseRef,
     /// What went wrong.
     pub failure: Failure,
+    /// What the endpoint answered, when redrive made the attempt itself (push delivery).
+    pub response: Option<AttemptResponse>,
+}
+
+/// A leased message handed back without having been attempted (push delivery parks a
+/// message its endpoint cannot take now: breaker open, retry budget spent). The attempt
+/// the lease counted is taken back: nothing is charged, nothing enters the history.
+#[derive(Debug, Clone)]
+pub struct Release {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// When the message may be leased again: `ready` at once if not after now, else
+    /// `scheduled` until then.
+    pub until: Timestamp,
 }
 
 /// A successful ack.
@@ -151,7 +186,7 @@ pub trait Store: Send + Sync + 'static {
     /// its last token succeeds again (a retried request).
     async fn ack(
         &self,
-        items: Vec<LeaseRef>,
+        items: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError>;
 
@@ -161,6 +196,14 @@ pub trait Store: Send + Sync + 'static {
         items: Vec<Nack>,
         now: Timestamp,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
+
+    /// Hand leased messages back unattempted ([`Release`]); one result per item: the
+    /// message as released (`ready` or `scheduled`, its attempt count as before the lease).
+    async fn release(
+        &self,
+        items: Vec<Release>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Message, StoreError>>, StoreError>;
 
     /// Extend a lease to `now + by_ms` (never shortening it). Returns the new expiry.
     async fn extend(

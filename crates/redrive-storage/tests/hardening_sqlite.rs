@@ -562,7 +562,7 @@ impl Run {
             }
             Op::Ack { pick } => {
                 if let Some(lease) = self.pick_leased(pick) {
-                    let r = s.ack(vec![lease], now).await;
+                    let r = s.ack(vec![lease.into()], now).await;
                     let r = r.map_err(|e| TestCaseError::fail(format!("ack: {e}")))?;
                     expected_refusal(r.into_iter().next().expect("one").map(|_| ()))?;
                 }
@@ -575,6 +575,7 @@ impl Run {
                         ErrorClass::Transient
                     };
                     let nack = Nack {
+                        response: None,
                         lease,
                         failure: Failure::new(class, "failed"),
                     };

@@ -259,6 +259,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
     let out = store
         .nack(
             vec![Nack {
+                response: None,
                 lease: LeaseRef {
                     id: dead,
                     token: l[0].token.clone(),
@@ -290,7 +291,8 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
             vec![LeaseRef {
                 id: ready,
                 token: l[0].token.clone(),
-            }],
+            }
+            .into()],
             at(31),
         )
         .await

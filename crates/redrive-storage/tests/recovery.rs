@@ -80,12 +80,13 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
         ls.iter().map(|l| l.message.id).collect::<Vec<_>>(),
         ids[..3].to_vec()
     );
-    s.ack(vec![lref(&ls[0])], at(1)).await.expect("ack")[0]
+    s.ack(vec![lref(&ls[0]).into()], at(1)).await.expect("ack")[0]
         .as_ref()
         .expect("ack item");
     let nacked = s
         .nack(
             vec![Nack {
+                response: None,
                 lease: lref(&ls[1]),
                 failure: Failure::new(ErrorClass::Transient, "db down"),
             }],
@@ -165,7 +166,7 @@ async fn check_reopened(
         .await
         .expect("extend of a lease taken before the reopen");
     assert_eq!(e, at(120_020));
-    s.ack(vec![lref(live)], at(30)).await.expect("ack")[0]
+    s.ack(vec![lref(live).into()], at(30)).await.expect("ack")[0]
         .as_ref()
         .expect("ack of a pre-reopen lease");
     // The scheduler carries on: the nacked message becomes ready and is leased again.
@@ -238,7 +239,7 @@ async fn a_lease_that_expired_while_closed_is_reaped_after_reopen() {
         "the lease expiry is the wake hint"
     );
     let r = s
-        .ack(vec![lref(&l)], at(5_000))
+        .ack(vec![lref(&l).into()], at(5_000))
         .await
         .expect("ack")
         .remove(0);
@@ -319,7 +320,9 @@ fn crash_child() {
         let s = std::sync::Arc::new(s);
         for l in ls.iter().take(CRASH_ACKED) {
             let (s, r) = (s.clone(), lref(l));
-            tasks.push(tokio::spawn(async move { s.ack(vec![r], at(1)).await }));
+            tasks.push(tokio::spawn(
+                async move { s.ack(vec![r.into()], at(1)).await },
+            ));
         }
         for t in tasks {
             t.await.expect("join").expect("ack")[0]
@@ -329,6 +332,7 @@ fn crash_child() {
         let nacks = ls[CRASH_ACKED..CRASH_ACKED + CRASH_NACKED]
             .iter()
             .map(|l| Nack {
+                response: None,
                 lease: lref(l),
                 failure: Failure::new(ErrorClass::Transient, "x"),
             })
@@ -506,7 +510,8 @@ fn a_lease_lost_in_a_crash_is_delivered_again_as_the_same_attempt() {
                 vec![LeaseRef {
                     id,
                     token: token.to_owned(),
-                }],
+                }
+                .into()],
                 at(10),
             )
             .await

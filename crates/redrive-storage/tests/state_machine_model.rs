@@ -390,7 +390,8 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                     vec![LeaseRef {
                         id,
                         token: tok.clone(),
-                    }],
+                    }
+                    .into()],
                     now,
                 )
                 .await
@@ -434,6 +435,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
             let r = s
                 .nack(
                     vec![Nack {
+                        response: None,
                         lease: LeaseRef {
                             id,
                             token: tok.clone(),

@@ -46,9 +46,12 @@ async fn wal_stays_under_its_bound_under_continuous_writes() {
         max_seen = max_seen.max(wal_file(dir.path()));
         let acks = leased
             .into_iter()
-            .map(|l| LeaseRef {
-                id: l.message.id,
-                token: l.token,
+            .map(|l| {
+                LeaseRef {
+                    id: l.message.id,
+                    token: l.token,
+                }
+                .into()
             })
             .collect();
         for r in store.ack(acks, Timestamp::now()).await.unwrap() {

@@ -240,7 +240,8 @@ pub async fn ack(
         .ack(vec![LeaseRef {
             id,
             token: body.lease,
-        }])
+        }
+        .into()])
         .await?;
     Ok(Json(first(out)?.message))
 }
@@ -262,6 +263,7 @@ pub async fn nack(
     let out = s
         .engine
         .nack(vec![Nack {
+            response: None,
             lease: LeaseRef {
                 id,
                 token: body.lease,
@@ -455,7 +457,7 @@ pub async fn ack_batch(
     let engine = s.engine.clone();
     run_batch(items, s.config.max_response_bytes, |refs| async move {
         Ok(engine
-            .ack(refs)
+            .ack(refs.into_iter().map(Into::into).collect())
             .await?
             .into_iter()
             .map(|r| r.map(|a| a.message))
@@ -481,6 +483,7 @@ pub async fn nack_batch(
                 let failure =
                     nack_failure(&format!("items[{n}].error"), i.error.as_ref(), &s.config)?;
                 Ok(Nack {
+                    response: None,
                     lease: LeaseRef { id, token: i.lease },
                     failure,
                 })

@@ -17,7 +17,8 @@ pub use signals::{Signal, SignalReceiver, Signals};
 use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
-    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Store, StoreError,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Release, Store,
+    StoreError,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -235,10 +236,7 @@ impl Engine {
     }
 
     /// Ack leases; one result per item.
-    pub async fn ack(
-        &self,
-        items: Vec<LeaseRef>,
-    ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
+    pub async fn ack(&self, items: Vec<Ack>) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
         let out = self.store.ack(items, self.clock.now()).await?;
         // A repeated ack (a retried request) changed nothing: count and wake only once.
         for a in out.iter().flatten().filter(|a| !a.repeated) {
@@ -269,6 +267,21 @@ impl Engine {
         if m.state == State::Ready || unblocks_key {
             self.waiters.wake(&m.queue, 1);
         }
+    }
+
+    /// Hand leases back unattempted (push delivery parking messages); one result per item.
+    pub async fn release(
+        &self,
+        items: Vec<Release>,
+    ) -> Result<Vec<Result<Message, StoreError>>, StoreError> {
+        let out = self.store.release(items, self.clock.now()).await?;
+        for m in out.iter().flatten() {
+            let unblocks_key = m.key.is_some() && self.key_ordered(&m.queue);
+            if m.state == State::Ready || unblocks_key {
+                self.waiters.wake(&m.queue, 1);
+            }
+        }
+        Ok(out)
     }
 
     /// Extend a lease.

@@ -53,9 +53,9 @@ pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
     let r = s
         .ack(
             vec![
-                lref(a.message.id, &a.token),
-                lref(b.message.id, "bogus"),
-                lref(c.message.id, &c.token),
+                lref(a.message.id, &a.token).into(),
+                lref(b.message.id, "bogus").into(),
+                lref(c.message.id, &c.token).into(),
             ],
             at(1),
         )
@@ -80,14 +80,17 @@ pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
         .nack(
             vec![
                 Nack {
+                    response: None,
                     lease: lref(b.message.id, &b.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
                 Nack {
+                    response: None,
                     lease: lref(a.message.id, &a.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
                 Nack {
+                    response: None,
                     lease: lref(MessageId::new(), "t"),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
@@ -448,4 +451,181 @@ pub async fn rate_limited_retry_after_zero_waits_policy_delay_then_counts<S: Sto
             "after redrive, rate limit {n}"
         );
     }
+}
+
+fn response(status: Option<u16>, body: &str) -> redrive_core::AttemptResponse {
+    redrive_core::AttemptResponse {
+        status,
+        latency_ms: 12,
+        body: Some(body.to_owned()),
+    }
+}
+
+/// Push delivery records what the endpoint answered in each attempt's history entry.
+pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let failed = s
+        .nack(
+            vec![Nack {
+                lease: lref(m.id, &l.token),
+                failure: failure(ErrorClass::Transient, "503 Service Unavailable"),
+                response: Some(response(Some(503), "busy")),
+            }],
+            at(5),
+        )
+        .await
+        .expect("nack")
+        .remove(0)
+        .expect("nack item");
+    assert_eq!(failed.message.state, State::Scheduled);
+    tick(&*s, at(5 + RETRY_DELAY_MS as i64)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(5 + RETRY_DELAY_MS as i64)).await;
+    s.ack(
+        vec![Ack {
+            lease: lref(m.id, &l.token),
+            response: Some(response(Some(200), "ok")),
+        }],
+        at(2_000),
+    )
+    .await
+    .expect("ack")
+    .remove(0)
+    .expect("ack item");
+    let got = get(&*s, m.id).await;
+    let seen: Vec<_> = got.history.iter().map(|h| h.response.clone()).collect();
+    assert_eq!(
+        seen,
+        vec![
+            Some(response(Some(503), "busy")),
+            Some(response(Some(200), "ok"))
+        ],
+        "{:?}",
+        got.history
+    );
+    assert!(matches!(got.history[1].event, HistoryEvent::Acked));
+    // A consumer's ack records no response.
+    let m2 = publish(&*s, msg(Q, json!("y")), at(3_000)).await;
+    let l2 = lease_one(&*s, Q, m2.id, 30_000, at(3_000)).await;
+    ack(&*s, m2.id, &l2.token, at(3_001)).await.expect("ack");
+    assert_eq!(get(&*s, m2.id).await.history[0].response, None);
+}
+
+/// A 410 from a push endpoint: dead at once, `endpoint_gone`, whatever attempts are left.
+pub async fn endpoint_gone_is_dead_now<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let out = nack(
+        &*s,
+        m.id,
+        &l.token,
+        Failure::endpoint_gone("410 Gone"),
+        at(1),
+    )
+    .await
+    .expect("nack");
+    assert_eq!(out.message.state, State::Dead);
+    assert_eq!(out.dead_reason, Some(DeadReason::EndpointGone));
+    assert_eq!(
+        get(&*s, m.id).await.dead_reason,
+        Some(DeadReason::EndpointGone)
+    );
+}
+
+/// A released lease (push delivery parking a message) is not an attempt: the message is
+/// ready again in its place, its attempt count as before, nothing in its history.
+pub async fn release_takes_the_attempt_back<S: Store>(s: Arc<S>) {
+    let a = publish(&*s, msg(Q, json!("a")), at(0)).await;
+    let b = publish(&*s, msg(Q, json!("b")), at(1)).await;
+    let l = lease_one(&*s, Q, a.id, 30_000, at(2)).await;
+    assert_eq!(l.attempt, 1);
+    let back = s
+        .release(
+            vec![Release {
+                lease: lref(a.id, &l.token),
+                until: at(3),
+            }],
+            at(3),
+        )
+        .await
+        .expect("release")
+        .remove(0)
+        .expect("release item");
+    assert_eq!(back.state, State::Ready);
+    assert_eq!(back.attempts, 0, "the released attempt was charged");
+    assert_eq!(count(&*s, Q, State::Leased).await, 0);
+    assert_eq!(count(&*s, Q, State::Ready).await, 2);
+    // Oldest first still: the released message keeps its due time, ahead of b.
+    let again = lease(&*s, Q, 2, 30_000, at(4)).await;
+    assert_eq!(ids(&again), vec![a.id, b.id]);
+    assert_eq!(
+        again[0].attempt, 1,
+        "the redelivery is still the first attempt"
+    );
+    assert_ne!(again[0].token, l.token);
+    expect_err(
+        ack(&*s, a.id, &l.token, at(5)).await,
+        "ack with the released lease's token",
+        is_mismatch,
+    );
+    ack(&*s, a.id, &again[0].token, at(5)).await.expect("ack");
+    let got = get(&*s, a.id).await;
+    assert_eq!(got.history.len(), 1, "{:?}", got.history);
+    assert_eq!(got.history[0].attempt, 1);
+}
+
+/// A release with a later `until` schedules the message, and the tick makes it ready.
+pub async fn release_until_later_schedules<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let back = s
+        .release(
+            vec![Release {
+                lease: lref(m.id, &l.token),
+                until: at(5_000),
+            }],
+            at(10),
+        )
+        .await
+        .expect("release")
+        .remove(0)
+        .expect("release item");
+    assert_eq!(back.state, State::Scheduled);
+    assert_eq!(back.due_at, Some(at(5_000)));
+    assert!(lease(&*s, Q, 1, 30_000, at(4_999)).await.is_empty());
+    tick(&*s, at(5_000)).await;
+    let again = lease(&*s, Q, 1, 30_000, at(5_000)).await;
+    assert_eq!(ids(&again), vec![m.id]);
+    assert_eq!(again[0].attempt, 1);
+}
+
+/// Only the live lease can be released.
+pub async fn release_of_a_stale_lease_is_refused<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
+    let r = s
+        .release(
+            vec![Release {
+                lease: lref(m.id, "bogus"),
+                until: at(1),
+            }],
+            at(1),
+        )
+        .await
+        .expect("release request")
+        .remove(0);
+    expect_err(r, "release with a wrong token", is_mismatch);
+    let r = s
+        .release(
+            vec![Release {
+                lease: lref(m.id, &l.token),
+                until: at(1),
+            }],
+            at(2_000),
+        )
+        .await
+        .expect("release request")
+        .remove(0);
+    expect_err(r, "release of an expired lease", is_expired);
+    assert_eq!(get(&*s, m.id).await.attempts, 1);
 }

@@ -114,7 +114,7 @@ pub(crate) async fn ack<S: Store>(
     now: Timestamp,
 ) -> Result<Acked, StoreError> {
     let mut r = s
-        .ack(vec![lref(id, token)], now)
+        .ack(vec![lref(id, token).into()], now)
         .await
         .expect("ack request failed as a whole");
     assert_eq!(r.len(), 1, "ack of one item answered {} items", r.len());
@@ -133,6 +133,7 @@ pub(crate) async fn nack<S: Store>(
             vec![Nack {
                 lease: lref(id, token),
                 failure: f,
+                response: None,
             }],
             now,
         )

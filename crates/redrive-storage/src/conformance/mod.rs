@@ -51,8 +51,8 @@ pub mod tick_purge;
 pub use helpers::at;
 
 use crate::{
-    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats, Store,
-    StoreError,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats,
+    Release, Store, StoreError,
 };
 use redrive_core::{
     Backoff, DeadReason, ErrorClass, Failure, HistoryEvent, Jitter, Message, MessageId, NewMessage,
@@ -229,6 +229,11 @@ macro_rules! conformance_tests {
                 rate_limited_honours_retry_after_and_is_not_counted,
                 rate_limited_retry_after_zero_waits_policy_delay_then_counts,
                 max_age_ends_retries,
+                responses_are_kept_in_history,
+                endpoint_gone_is_dead_now,
+                release_takes_the_attempt_back,
+                release_until_later_schedules,
+                release_of_a_stale_lease_is_refused,
             ],
             operator: [
                 redrive_dead_gives_fresh_budget,

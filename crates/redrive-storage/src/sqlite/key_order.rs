@@ -387,7 +387,8 @@ mod tests {
                 &LeaseRef {
                     id: l.message.id,
                     token: l.token,
-                },
+                }
+                .into(),
                 now,
             )
             .expect("ack");
@@ -399,7 +400,7 @@ mod tests {
                 id: l.message.id,
                 token: l.token,
             };
-            w.ack(&lease, now).expect("ack");
+            w.ack(&lease.into(), now).expect("ack");
         });
         let next = lease_one(&mut w);
         assert_eq!(next.len(), 1, "the next message of the key heads it");

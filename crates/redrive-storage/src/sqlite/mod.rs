@@ -23,8 +23,8 @@ mod transitions;
 
 use crate::store::CommitStats;
 use crate::{
-    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Page, Published,
-    PurgeOutcome, QueueStats, Store, StoreError, TickOutcome,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Page,
+    Published, PurgeOutcome, QueueStats, Release, Store, StoreError, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -350,7 +350,7 @@ impl Store for SqliteStore {
 
     async fn ack(
         &self,
-        items: Vec<LeaseRef>,
+        items: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
         let rows: Vec<_> = self
@@ -374,6 +374,17 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|r| r.and_then(transitions::FailedRow::into_outcome))
             .collect())
+    }
+
+    async fn release(
+        &self,
+        items: Vec<Release>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Message, StoreError>>, StoreError> {
+        // Synced like a nack: a release lost in a crash would leave the lease to expire and
+        // charge the attempt it was meant to take back.
+        self.write(move |w| Ok(items.iter().map(|r| w.release(r, now)).collect()))
+            .await
     }
 
     async fn extend(

@@ -13,12 +13,12 @@ use super::row::Row;
 use super::schema::columns;
 use super::sql_error::SqlResultExt;
 use crate::{
-    Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    StoreError, TickOutcome,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
+    Release, StoreError, TickOutcome,
 };
 use redrive_core::{
-    DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent, LastError, Message,
-    MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp,
+    AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent,
+    LastError, Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -526,6 +526,7 @@ impl WriterState {
                 delay_ms: event_delay,
                 dead_reason: event_dead,
             },
+            response: None,
         };
         Ok((entry, (failure.class, event_delay)))
     }
@@ -535,10 +536,12 @@ impl WriterState {
         &mut self,
         mut row: Row,
         failure: &Failure,
+        response: Option<&AttemptResponse>,
         now: Timestamp,
     ) -> Result<FailedRow, StoreError> {
         let from = row.state;
-        let (entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
+        let (mut entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
+        entry.response = response.cloned();
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
@@ -653,21 +656,27 @@ impl WriterState {
         Ok(row)
     }
 
-    pub fn ack(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<AckedRow, StoreError> {
+    pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
+        let lease = &ack.lease;
+        let response = ack
+            .response
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()?;
         // Fast path, one statement: the live lease is acked and its history entry appended.
         // The entry's timestamps are rendered by SQLite in the format of `Timestamp`.
         let fast: Option<Row> = self
             .conn
             .prepare_cached(concat!(
                 "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, \
-                 history = json_insert(history, '$[#]', json_object('attempt', attempts, 'at', ?4, \
+                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', attempts, 'at', ?4, \
                    'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch'), \
-                   'event', 'acked')) \
+                   'event', 'acked'), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
                  WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 RETURNING ",
                 columns!()
             )).db()?
             .query_row(
-                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339()],
+                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339(), response],
                 Row::from_sql,
             )
             .optional().db()?;
@@ -697,7 +706,45 @@ impl WriterState {
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
-        self.fail_attempt(row, &nack.failure, now)
+        self.fail_attempt(row, &nack.failure, nack.response.as_ref(), now)
+    }
+
+    /// Hand a leased message back unattempted: `ready` (due time kept, so it keeps its
+    /// place) or `scheduled` until `until`, with the lease's attempt taken back.
+    pub fn release(&mut self, release: &Release, now: Timestamp) -> Result<Message, StoreError> {
+        let mut row = self.leased_row(&release.lease, now)?;
+        let from = row.state;
+        if release.until > now {
+            row.state = State::Scheduled;
+            row.due_at = Some(release.until.as_millis());
+        } else {
+            row.state = State::Ready;
+        }
+        row.attempts = row.attempts.saturating_sub(1);
+        row.updated_at = now.as_millis();
+        self.conn
+            .prepare_cached(
+                "UPDATE messages SET state = ?2, due_at = ?3, attempts = ?4, updated_at = ?5, \
+                 lease_expires_at = NULL WHERE seq = ?1",
+            )
+            .db()?
+            .execute(params![
+                row.seq,
+                row.state.code(),
+                row.due_at,
+                row.attempts,
+                row.updated_at
+            ])
+            .db()?;
+        row.lease_expires_at = None;
+        self.moved(&row.queue, Some(from), Some(row.state));
+        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
+        if row.state == State::Scheduled {
+            if let Some(d) = row.due_at {
+                self.wake_at(d);
+            }
+        }
+        row.to_message(None)
     }
 
     pub fn extend(
@@ -739,6 +786,7 @@ impl WriterState {
             at: now,
             leased_at: None,
             event: HistoryEvent::Redriven,
+            response: None,
         };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Ready));
@@ -770,6 +818,7 @@ impl WriterState {
             at: now,
             leased_at: None,
             event: HistoryEvent::Killed { reason },
+            response: None,
         };
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(row.state), Some(State::Dead));
@@ -846,7 +895,7 @@ impl WriterState {
         let lease_expired = Failure::lease_expired();
         for row in expired_rows {
             let outcome = self
-                .fail_attempt(row, &lease_expired, now)?
+                .fail_attempt(row, &lease_expired, None, now)?
                 .into_outcome()?;
             if outcome.message.state == State::Ready
                 && !ready_queues.contains(&outcome.message.queue)
