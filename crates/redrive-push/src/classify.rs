@@ -114,10 +114,13 @@ pub struct Rule {
     pub decision: Decision,
 }
 
-/// The rules, first match wins; a status no rule matches is `transient`.
+/// The rules, first match wins; a status no rule matches is `transient`. Timeouts and
+/// connection errors have a decision of their own (`transient` unless configured).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rules {
     rules: Vec<Rule>,
+    on_timeout: ErrorClass,
+    on_connect_error: ErrorClass,
 }
 
 impl Default for Rules {
@@ -146,6 +149,8 @@ impl Default for Rules {
                 rule("422", false, Class(Permanent)),
                 rule("3xx", false, Class(Permanent)),
             ],
+            on_timeout: Transient,
+            on_connect_error: Transient,
         }
     }
 }
@@ -154,18 +159,39 @@ impl Rules {
     /// A table of `rules` (first match wins) in front of the defaults.
     pub fn with_overrides(rules: Vec<Rule>) -> Self {
         let mut all = rules;
-        all.extend(Self::default().rules);
-        Self { rules: all }
+        let defaults = Self::default();
+        all.extend(defaults.rules);
+        Self {
+            rules: all,
+            ..defaults
+        }
+    }
+
+    /// The class of an attempt that got no answer within the timeout.
+    pub fn on_timeout(mut self, class: ErrorClass) -> Self {
+        self.on_timeout = class;
+        self
+    }
+
+    /// The class of an attempt that got no connection (refused, reset, DNS, TLS).
+    pub fn on_connect_error(mut self, class: ErrorClass) -> Self {
+        self.on_connect_error = class;
+        self
     }
 
     /// Classify one attempt; `now_s` (Unix seconds) turns an HTTP-date `Retry-After` into a delay.
     pub fn classify(&self, attempt: Attempt<'_>, now_s: i64) -> Verdict {
         let (status, retry_after) = match attempt {
             Attempt::TimedOut | Attempt::ConnectFailed => {
+                let class = if attempt == Attempt::TimedOut {
+                    self.on_timeout
+                } else {
+                    self.on_connect_error
+                };
                 return Verdict::Failed {
-                    class: ErrorClass::Transient,
+                    class,
                     retry_after_ms: None,
-                }
+                };
             }
             Attempt::Answered {
                 status,
@@ -295,6 +321,17 @@ mod tests {
             NOW,
         );
         assert_eq!(got, failed(Transient, None));
+        let rules = Rules::default()
+            .on_timeout(Permanent)
+            .on_connect_error(RateLimited);
+        assert_eq!(
+            rules.classify(Attempt::TimedOut, NOW),
+            failed(Permanent, None)
+        );
+        assert_eq!(
+            rules.classify(Attempt::ConnectFailed, NOW),
+            failed(RateLimited, None)
+        );
     }
 
     #[test]

@@ -8,10 +8,16 @@
 //!
 //! - [`classify`]: what an answer means (done, a failure class with its `Retry-After`, gone),
 //!   from a table of rules with the SPEC §10 defaults.
+//! - [`send`]: one attempt over HTTP, through a per-endpoint client that never follows
+//!   redirects and checks every address at connect time.
 //!
 //! The delivery workers and the per-endpoint protection
 //! (breaker, pacing, retry budget) build on these (issue 7).
 
 pub mod classify;
+pub mod protect;
+pub mod send;
 pub mod signing;
 pub mod ssrf;
+
+pub use reqwest::{Method, Url};

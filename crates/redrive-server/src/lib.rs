@@ -49,6 +49,9 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
+    /// Push delivery could not start (its HTTP client).
+    #[error("push delivery: {0}")]
+    Push(String),
     /// The HTTP server failed.
     #[error("http server failed: {0}")]
     Http(std::io::Error),
@@ -86,12 +89,10 @@ pub fn open_with_clock(
         source,
     })?;
     let store: Arc<dyn Store> = Arc::new(store);
-    let engine = Arc::new(engine::Engine::new(
-        store,
-        config.engine_config(),
-        metrics.clone(),
-        clock,
-    ));
+    let engine = Arc::new(
+        engine::Engine::new(store, config.engine_config(), metrics.clone(), clock)
+            .map_err(|e| ServerError::Push(e.to_string()))?,
+    );
     Ok((engine, metrics))
 }
 

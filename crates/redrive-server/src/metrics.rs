@@ -47,6 +47,48 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointResultLabels {
+    endpoint: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointReasonLabels {
+    endpoint: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointStateLabels {
+    endpoint: String,
+    state: &'static str,
+}
+
+/// One endpoint's state for the gauges, read at scrape time.
+#[derive(Debug, Clone)]
+pub struct EndpointGauges {
+    /// `scheme://host:port` (endpoints come from the configuration: a bounded label).
+    pub endpoint: String,
+    /// The breaker's state name.
+    pub state: &'static str,
+    /// Every state name, so the others read 0.
+    pub states: &'static [&'static str],
+    /// Calls in flight.
+    pub in_flight: u32,
+    /// Release pace, calls/s; `None` when unpaced.
+    pub pace_per_s: Option<f64>,
+    /// Messages parked now (released unattempted, waiting to be due again).
+    pub parked: u64,
+    /// Times the breaker opened.
+    pub opened_total: u64,
+}
+
 /// Every metric redrive exports.
 pub struct Metrics {
     registry: Registry,
@@ -67,6 +109,14 @@ pub struct Metrics {
     commits: Counter,
     commit_changes: Counter,
     done_purged: Family<QueueLabel, Counter>,
+    push_attempts: Family<EndpointResultLabels, Counter>,
+    push_latency: Family<EndpointLabel, Histogram>,
+    push_parked: Family<EndpointReasonLabels, Counter>,
+    endpoint_state: Family<EndpointStateLabels, Gauge>,
+    endpoint_in_flight: Family<EndpointLabel, Gauge>,
+    endpoint_pace: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
+    endpoint_parked: Family<EndpointLabel, Gauge>,
+    endpoint_opened: Family<EndpointLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -93,6 +143,10 @@ const LATENESS_BUCKETS: [f64; 14] = [
 /// Bucket bounds of commit duration, seconds.
 const COMMIT_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+];
+/// Bucket bounds of push attempt latency, seconds: 1 ms … 60 s.
+const PUSH_LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
 ];
 /// Bucket bounds of transitions per commit.
 const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
@@ -204,6 +258,56 @@ impl Metrics {
             "Done messages deleted after done_retention",
             done_purged.clone(),
         );
+        let push_attempts = Family::<EndpointResultLabels, Counter>::default();
+        registry.register(
+            "redrive_push_attempts",
+            "Push attempts by endpoint and result: delivered, transient, rate_limited, permanent, gone, refused (SSRF guard)",
+            push_attempts.clone(),
+        );
+        let push_latency = Family::<EndpointLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(PUSH_LATENCY_BUCKETS)
+        });
+        registry.register(
+            "redrive_push_latency_seconds",
+            "Push attempt latency, from sending to the end of the answer",
+            push_latency.clone(),
+        );
+        let push_parked = Family::<EndpointReasonLabels, Counter>::default();
+        registry.register(
+            "redrive_push_parked",
+            "Due push messages handed back unattempted and uncharged, by reason: breaker, budget, rate, concurrency",
+            push_parked.clone(),
+        );
+        let endpoint_state = Family::<EndpointStateLabels, Gauge>::default();
+        registry.register(
+            "redrive_endpoint_state",
+            "1 for the breaker state an endpoint is in (closed, open, half_open, recovering), 0 for the others",
+            endpoint_state.clone(),
+        );
+        let endpoint_in_flight = Family::<EndpointLabel, Gauge>::default();
+        registry.register(
+            "redrive_endpoint_in_flight",
+            "Push calls in flight per endpoint",
+            endpoint_in_flight.clone(),
+        );
+        let endpoint_pace = Family::<EndpointLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "redrive_endpoint_pace_per_second",
+            "Release pace per endpoint after a breaker opened (additive increase, multiplicative decrease); 0 when unpaced",
+            endpoint_pace.clone(),
+        );
+        let endpoint_parked = Family::<EndpointLabel, Gauge>::default();
+        registry.register(
+            "redrive_endpoint_parked_messages",
+            "Messages parked per endpoint: handed back unattempted, waiting to be due again",
+            endpoint_parked.clone(),
+        );
+        let endpoint_opened = Family::<EndpointLabel, Gauge>::default();
+        registry.register(
+            "redrive_endpoint_breaker_opened",
+            "Times an endpoint's breaker opened since start",
+            endpoint_opened.clone(),
+        );
         Self {
             registry,
             published,
@@ -223,6 +327,71 @@ impl Metrics {
             commits,
             commit_changes,
             done_purged,
+            push_attempts,
+            push_latency,
+            push_parked,
+            endpoint_state,
+            endpoint_in_flight,
+            endpoint_pace,
+            endpoint_parked,
+            endpoint_opened,
+        }
+    }
+
+    /// A push attempt to `endpoint` ended with `result` (`delivered`, `transient`,
+    /// `rate_limited`, `permanent`, `gone`, `refused`) after `latency_ms`.
+    pub fn push_attempt(&self, endpoint: &str, result: &'static str, latency_ms: u64) {
+        self.push_attempts
+            .get_or_create(&EndpointResultLabels {
+                endpoint: endpoint.to_owned(),
+                result,
+            })
+            .inc();
+        if result != "refused" {
+            self.push_latency
+                .get_or_create(&EndpointLabel {
+                    endpoint: endpoint.to_owned(),
+                })
+                .observe(latency_ms as f64 / 1000.0);
+        }
+    }
+
+    /// A message due for `endpoint` was parked (handed back unattempted) because of `reason`.
+    pub fn push_parked(&self, endpoint: &str, reason: &'static str) {
+        self.push_parked
+            .get_or_create(&EndpointReasonLabels {
+                endpoint: endpoint.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Refresh the endpoint gauges (at scrape time).
+    pub fn set_endpoints(&self, endpoints: &[EndpointGauges]) {
+        for e in endpoints {
+            let label = EndpointLabel {
+                endpoint: e.endpoint.clone(),
+            };
+            for st in e.states {
+                self.endpoint_state
+                    .get_or_create(&EndpointStateLabels {
+                        endpoint: e.endpoint.clone(),
+                        state: st,
+                    })
+                    .set(i64::from(*st == e.state));
+            }
+            self.endpoint_in_flight
+                .get_or_create(&label)
+                .set(i64::from(e.in_flight));
+            self.endpoint_pace
+                .get_or_create(&label)
+                .set(e.pace_per_s.unwrap_or(0.0));
+            self.endpoint_parked
+                .get_or_create(&label)
+                .set(e.parked.min(i64::MAX as u64) as i64);
+            self.endpoint_opened
+                .get_or_create(&label)
+                .set(e.opened_total.min(i64::MAX as u64) as i64);
         }
     }
 

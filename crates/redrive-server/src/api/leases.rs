@@ -72,13 +72,24 @@ pub struct LeaseResponse {
 #[utoipa::path(post, path = "/v1/queues/{queue}/leases", tag = "leases",
     params(("queue" = String, Path, description = "Queue name")),
     request_body(content = LeaseBody, description = "Optional"),
-    responses((status = 200, body = LeaseResponse), (status = 400, description = "Bad input", body = ErrorBody)))]
+    responses((status = 200, body = LeaseResponse), (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 409, description = "push_queue: the queue is delivered by push, redrive is its only consumer", body = ErrorBody)))]
 pub async fn lease(
     State(s): State<AppState>,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<LeaseBody>,
 ) -> Result<Response, ApiError> {
     queue_name(&queue)?;
+    if s.engine.push().is_push(&queue) {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "push_queue",
+            format!(
+                "queue {queue} has delivery = \"push\": redrive delivers its messages to its endpoint, \
+                 there is nothing to lease (see GET /v1/endpoints)"
+            ),
+        ));
+    }
     let cfg = &*s.config;
     let max = body.max.unwrap_or(1);
     let max = match u32::try_from(max) {

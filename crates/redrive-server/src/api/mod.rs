@@ -11,6 +11,7 @@
 
 mod browser;
 mod contract;
+mod endpoints;
 mod error;
 mod health;
 mod leases;
@@ -53,7 +54,7 @@ pub struct AppState {
     tags(
         (name = "messages", description = "Publish, inspect and act on messages"),
         (name = "leases", description = "Consume: lease, ack, nack, extend"),
-        (name = "queues", description = "Queue counts and policies"),
+        (name = "queues", description = "Queue counts and policies, push endpoints"),
         (name = "ops", description = "Health, readiness, metrics")
     ),
     components(schemas(ErrorBody, messages::PublishBatch))
@@ -77,6 +78,7 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(leases::nack_batch))
         .routes(routes!(queues::list))
         .routes(routes!(queues::get))
+        .routes(routes!(endpoints::list))
 }
 
 /// Liveness, readiness and metrics: open even when API tokens are configured.

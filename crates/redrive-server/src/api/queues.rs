@@ -31,6 +31,12 @@ pub struct QueueView {
     pub on_dead: OnDead,
     /// Default lease, if configured.
     pub lease: Option<String>,
+    /// `pull` (consumers lease) or `push` (redrive calls `endpoint`).
+    pub delivery: &'static str,
+    /// For a push queue: the endpoint it pushes to (`scheme://host:port`, see
+    /// `GET /v1/endpoints`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// Every queue.
@@ -60,6 +66,12 @@ fn view(s: &AppState, name: &str, stats: Option<&QueueStats>, now: Timestamp) ->
             .config
             .queue_lease_ms(name)
             .map(redrive_core::format_duration_ms),
+        delivery: if s.engine.push().is_push(name) {
+            "push"
+        } else {
+            "pull"
+        },
+        endpoint: s.engine.push().endpoint_of(name),
     }
 }
 

@@ -7,6 +7,7 @@
 //! transition, so its atomicity and durability are the store's.
 
 mod clock;
+pub mod push;
 pub mod scheduler;
 mod signals;
 mod waiters;
@@ -43,6 +44,8 @@ pub struct EngineConfig {
     pub done_retention_ms: u64,
     /// How often the purger runs, ms (at least 1 s).
     pub purge_interval_ms: u64,
+    /// Push delivery: the push queues and the SSRF guard.
+    pub push: push::PushConfig,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +56,7 @@ impl Default for EngineConfig {
             default_lease_ms: DEFAULT_LEASE_MS,
             done_retention_ms: 24 * 3_600_000,
             purge_interval_ms: 60_000,
+            push: push::PushConfig::default(),
         }
     }
 }
@@ -81,6 +85,7 @@ pub struct Engine {
     waiters: Waiters,
     signals: Signals,
     shutting_down: AtomicBool,
+    push: push::Endpoints,
 }
 
 impl std::fmt::Debug for Engine {
@@ -90,14 +95,16 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine over `store`, reading the time from `clock`.
+    /// An engine over `store`, reading the time from `clock`. Fails only when an HTTP
+    /// client for a push endpoint cannot be built.
     pub fn new(
         store: Arc<dyn Store>,
         config: EngineConfig,
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, redrive_push::send::BuildError> {
+        let push = push::Endpoints::new(&config.push)?;
+        Ok(Self {
             store,
             config,
             metrics,
@@ -105,10 +112,16 @@ impl Engine {
             waiters: Waiters::default(),
             signals: Signals::default(),
             shutting_down: AtomicBool::new(false),
-        }
+            push,
+        })
     }
 
-    /// Start the background services (scheduler, purger).
+    /// The push endpoints (SPEC §10).
+    pub fn push(&self) -> &push::Endpoints {
+        &self.push
+    }
+
+    /// Start the background services (scheduler, purger, push delivery).
     pub fn start(self: Arc<Self>) -> scheduler::Background {
         scheduler::start(self)
     }

@@ -39,13 +39,15 @@ impl Background {
     }
 }
 
-/// Start the scheduler and the purger.
+/// Start the scheduler, the purger and the push delivery workers.
 pub fn start(engine: Arc<Engine>) -> Background {
     let (stop, stop_rx) = watch::channel(false);
-    let tasks = vec![
-        tokio::spawn(scheduler_loop(engine.clone(), stop_rx.clone())),
-        tokio::spawn(purge_loop(engine, stop_rx)),
-    ];
+    let mut tasks = super::push::start(engine.clone(), &stop_rx);
+    tasks.push(tokio::spawn(scheduler_loop(
+        engine.clone(),
+        stop_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(purge_loop(engine, stop_rx)));
     Background { stop, tasks }
 }
 

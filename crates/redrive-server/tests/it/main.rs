@@ -11,6 +11,7 @@ mod e2e_limits;
 mod e2e_operator;
 mod e2e_ordering;
 mod e2e_publish;
+mod e2e_push;
 mod e2e_queues_ops;
 mod e2e_smoke;
 mod harness;

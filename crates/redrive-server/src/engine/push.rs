@@ -1,0 +1,557 @@
+//! Push delivery (SPEC §10): for every queue with `delivery = "push"`, a worker leases due
+//! messages itself and sends each to the queue's endpoint, then acks or nacks it by what the
+//! endpoint answered. It is a consumer like any other, inside the server: the lease, the
+//! retry policy, the history and every guarantee of SPEC §4 are the store's, unchanged.
+//!
+//! Downstream protection lives per endpoint (`scheme://host:port`), in
+//! [`redrive_push::protect::Protection`]: a concurrency limit, an optional rate limit, a
+//! circuit breaker, a paced release after recovery and a retry budget. The worker asks it
+//! before every call:
+//!
+//! - Before leasing, the worker waits until the endpoint would admit a call. While the
+//!   breaker is open, due messages therefore stay `ready` in the store: not called, not
+//!   charged, durable, and delivered oldest first (earliest due) once the endpoint admits
+//!   calls again, at the pace it admits them.
+//! - After leasing, a message the endpoint cannot take now (a retry refused by the budget,
+//!   a breaker that opened meanwhile, a rate-limit wait longer than [`HOLD_MAX_MS`]) is
+//!   *parked*: handed back with [`redrive_storage::Release`], its attempt taken back, due
+//!   again when the endpoint said to ask again. A park is never a failure: nothing in the
+//!   history, nothing charged, never dropped.
+//!
+//! An attempt's history entry records the status, the latency and the first 1 KiB of the
+//! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
+//! [`LEASE_MARGIN_MS`]: if redrive dies mid-call, the message is delivered again after
+//! that (at least once), and it is marked done only by an ack that follows a 2xx.
+
+use super::Engine;
+use crate::metrics::EndpointGauges;
+use redrive_core::{AttemptResponse, ErrorClass, Failure, MessageId};
+use redrive_push::classify::{Rules, Verdict};
+use redrive_push::protect::{
+    BreakerConfig, BreakerState, Outcome, Protection, ProtectionConfig, Snapshot, Wait, WaitReason,
+};
+use redrive_push::send::{BuildError, Request, Sender, SenderConfig};
+use redrive_push::signing::{signature_header, Secret};
+use redrive_push::ssrf::Guard;
+use redrive_push::{Method, Url};
+use redrive_storage::{Ack, Leased, Nack, Release};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// A lease of a push attempt lasts its timeout plus this.
+pub const LEASE_MARGIN_MS: u64 = 30_000;
+
+/// A leased message waits (holding its lease) at most this long for a rate or
+/// concurrency slot; a longer wait parks it.
+pub const HOLD_MAX_MS: u64 = 1_000;
+
+/// Most messages one lease request takes for an unpaced endpoint.
+const MAX_LEASE_BATCH: u32 = 32;
+
+/// Every breaker state name, for gauges.
+const STATES: &[&str] = &["closed", "open", "half_open", "recovering"];
+
+/// One push queue's settings, checked (built by `Config::push_settings`).
+#[derive(Debug, Clone)]
+pub struct PushSettings {
+    /// The endpoint's URL.
+    pub url: Url,
+    /// `POST`, `PUT` or `PATCH`.
+    pub method: Method,
+    /// Longest attempt, ms.
+    pub timeout_ms: u64,
+    /// Longest connect, ms.
+    pub connect_timeout_ms: u64,
+    /// Most answer bytes read.
+    pub max_response_bytes: usize,
+    /// Calls in flight at most per endpoint.
+    pub concurrency: u32,
+    /// Calls per second at most per endpoint.
+    pub rate_limit_per_s: Option<f64>,
+    /// Signing secrets (none: no `webhook-signature`).
+    pub secrets: Vec<Secret>,
+    /// Breaker and paced release on.
+    pub breaker: bool,
+    /// Retry budget ratio (0: off).
+    pub retry_budget: f64,
+    /// Classification of answers.
+    pub rules: Rules,
+}
+
+impl PushSettings {
+    /// The endpoint this queue pushes to: `scheme://host:port`.
+    pub fn endpoint(&self) -> String {
+        endpoint_key(&self.url)
+    }
+
+    fn lease_ms(&self) -> u64 {
+        self.timeout_ms + LEASE_MARGIN_MS
+    }
+
+    fn protection(&self) -> ProtectionConfig {
+        ProtectionConfig {
+            concurrency: self.concurrency,
+            rate_limit_per_s: self.rate_limit_per_s,
+            breaker: self.breaker.then(BreakerConfig::default),
+            retry_budget: self.retry_budget,
+        }
+    }
+}
+
+/// `scheme://host:port` of a URL, the port written out (`https://a.example:443`).
+pub fn endpoint_key(url: &Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    match url.port_or_known_default() {
+        Some(port) => format!("{}://{host}:{port}", url.scheme()),
+        None => format!("{}://{host}", url.scheme()),
+    }
+}
+
+/// Push delivery's configuration: the push queues and the SSRF guard.
+#[derive(Debug, Clone, Default)]
+pub struct PushConfig {
+    /// Settings per push queue.
+    pub queues: BTreeMap<String, PushSettings>,
+    /// Which destinations may be connected to.
+    pub guard: Arc<Guard>,
+}
+
+/// One endpoint: its protection, its HTTP client, what it parked.
+#[derive(Debug)]
+pub struct Endpoint {
+    key: String,
+    queues: Vec<String>,
+    protection: Mutex<Protection>,
+    changed: Notify,
+    sender: Sender,
+    parked: Mutex<HashSet<MessageId>>,
+    epoch: Instant,
+}
+
+/// What `GET /v1/endpoints` shows of an endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointView {
+    /// `scheme://host:port`.
+    pub endpoint: String,
+    /// The queues that push to it.
+    pub queues: Vec<String>,
+    /// The protection's state now.
+    pub snapshot: Snapshot,
+    /// Messages parked now.
+    pub parked: u64,
+    /// How long the breaker has been in its state, ms.
+    pub state_for_ms: u64,
+}
+
+impl Endpoint {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn protection(&self) -> MutexGuard<'_, Protection> {
+        // A panic while holding the lock leaves plain counters behind: keep using them.
+        self.protection
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn parked_set(&self) -> MutexGuard<'_, HashSet<MessageId>> {
+        self.parked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The endpoint as the API shows it.
+    pub fn view(&self) -> EndpointView {
+        let now = self.now_ms();
+        let snapshot = self.protection().snapshot(now);
+        EndpointView {
+            endpoint: self.key.clone(),
+            queues: self.queues.clone(),
+            state_for_ms: now.saturating_sub(snapshot.state_since_ms),
+            snapshot,
+            parked: self.parked_set().len() as u64,
+        }
+    }
+
+    fn gauges(&self) -> EndpointGauges {
+        let v = self.view();
+        EndpointGauges {
+            endpoint: v.endpoint,
+            state: v.snapshot.state.as_str(),
+            states: STATES,
+            in_flight: v.snapshot.in_flight,
+            pace_per_s: v.snapshot.pace_per_s,
+            parked: v.parked,
+            opened_total: v.snapshot.opened_total,
+        }
+    }
+
+    /// Run `f` on the protection; log a breaker state change and wake the workers.
+    fn with_protection<T>(&self, f: impl FnOnce(&mut Protection, u64) -> T) -> T {
+        let now = self.now_ms();
+        let (out, before, after, snapshot) = {
+            let mut p = self.protection();
+            let before = p.state();
+            let out = f(&mut p, now);
+            let after = p.state();
+            let snapshot = (before != after).then(|| p.snapshot(now));
+            (out, before, after, snapshot)
+        };
+        if let Some(s) = snapshot {
+            let level_warn = after == BreakerState::Open;
+            if level_warn {
+                tracing::warn!(endpoint = %self.key, from = before.as_str(), to = after.as_str(),
+                    window_calls = s.window_calls, window_failures = s.window_failures,
+                    "endpoint breaker opened: due messages are parked, not called");
+            } else {
+                tracing::info!(endpoint = %self.key, from = before.as_str(), to = after.as_str(),
+                    pace_per_s = ?s.pace_per_s, "endpoint breaker state changed");
+            }
+        }
+        out
+    }
+}
+
+/// Every push endpoint, and which queue pushes where.
+#[derive(Debug, Default)]
+pub struct Endpoints {
+    by_key: BTreeMap<String, Arc<Endpoint>>,
+    by_queue: BTreeMap<String, (Arc<Endpoint>, Arc<PushSettings>)>,
+}
+
+impl Endpoints {
+    /// One endpoint per distinct `scheme://host:port` of the push queues. Queues that share
+    /// an endpoint share its protection; its limits come from the first of them by name.
+    pub fn new(config: &PushConfig) -> Result<Self, BuildError> {
+        let mut queues_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (q, s) in &config.queues {
+            queues_of.entry(s.endpoint()).or_default().push(q.clone());
+        }
+        let epoch = Instant::now();
+        let mut by_key = BTreeMap::new();
+        for (key, queues) in queues_of {
+            let first = &config.queues[&queues[0]];
+            let sender = Sender::new(&SenderConfig {
+                connect_timeout: Duration::from_millis(first.connect_timeout_ms),
+                timeout: Duration::from_millis(first.timeout_ms),
+                max_response_bytes: first.max_response_bytes,
+                pool_idle: first.concurrency as usize,
+                guard: config.guard.clone(),
+            })?;
+            let endpoint = Endpoint {
+                key: key.clone(),
+                queues,
+                protection: Mutex::new(Protection::new(first.protection(), 0)),
+                changed: Notify::new(),
+                sender,
+                parked: Mutex::new(HashSet::new()),
+                epoch,
+            };
+            by_key.insert(key, Arc::new(endpoint));
+        }
+        let by_queue = config
+            .queues
+            .iter()
+            .map(|(q, s)| {
+                let ep = by_key[&s.endpoint()].clone();
+                (q.clone(), (ep, Arc::new(s.clone())))
+            })
+            .collect();
+        Ok(Self { by_key, by_queue })
+    }
+
+    /// Whether `queue` is delivered by push.
+    pub fn is_push(&self, queue: &str) -> bool {
+        self.by_queue.contains_key(queue)
+    }
+
+    /// The endpoint `queue` pushes to, if it is a push queue.
+    pub fn endpoint_of(&self, queue: &str) -> Option<String> {
+        self.by_queue.get(queue).map(|(e, _)| e.key.clone())
+    }
+
+    /// Every endpoint as the API shows it.
+    pub fn views(&self) -> Vec<EndpointView> {
+        self.by_key.values().map(|e| e.view()).collect()
+    }
+
+    /// Every endpoint's gauges.
+    pub fn gauges(&self) -> Vec<EndpointGauges> {
+        self.by_key.values().map(|e| e.gauges()).collect()
+    }
+}
+
+/// Start one worker per push queue.
+pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+    let queues: Vec<String> = engine.push().by_queue.keys().cloned().collect();
+    queues
+        .into_iter()
+        .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone())))
+        .collect()
+}
+
+/// Lease and deliver `queue`'s messages until `stop`; then let the calls in flight finish
+/// (each acks or nacks its message).
+async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Receiver<bool>) {
+    let Some((ep, settings)) = engine.push().by_queue.get(&queue).cloned() else {
+        return;
+    };
+    tracing::info!(queue = %queue, endpoint = %ep.key, "push delivery started");
+    let mut calls = JoinSet::new();
+    'run: loop {
+        while calls.try_join_next().is_some() {}
+        if *stop.borrow() {
+            break;
+        }
+        // 1. Wait until the endpoint would admit a call: while it would not, due messages
+        //    stay ready in the store, uncharged.
+        loop {
+            let changed = ep.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let wait = ep.with_protection(|p, now| p.admissible(now).err().map(|w| (w, now)));
+            let Some((wait, now)) = wait else { break };
+            let sleep = Duration::from_millis(wait.until_ms.saturating_sub(now).max(1));
+            tokio::select! {
+                _ = tokio::time::sleep(sleep) => {}
+                _ = &mut changed => {}
+                _ = stop.changed() => break 'run,
+            }
+            while calls.try_join_next().is_some() {}
+        }
+        // 2. Lease: one at a time when paced or rate limited, else as many as there are
+        //    free call slots.
+        let snapshot = ep.protection().snapshot(ep.now_ms());
+        let max = if snapshot.pace_per_s.is_some() || snapshot.rate_limit_per_s.is_some() {
+            1
+        } else {
+            snapshot
+                .concurrency
+                .saturating_sub(snapshot.in_flight)
+                .clamp(1, MAX_LEASE_BATCH)
+        };
+        let leased = tokio::select! {
+            r = engine.lease(&queue, max, None, Some(settings.lease_ms()), 1_000) => r,
+            _ = stop.changed() => break 'run,
+        };
+        let leased = match leased {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(queue = %queue, error = %e, "push delivery could not lease; retrying in 1s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.changed() => break 'run,
+                }
+            }
+        };
+        // 3. Start each call, or park the message.
+        for l in leased {
+            ep.parked_set().remove(&l.message.id);
+            let is_retry = l.attempt > 1;
+            loop {
+                match ep
+                    .with_protection(|p, now| p.try_acquire(now, is_retry).map_err(|w| (w, now)))
+                {
+                    Ok(()) => {
+                        let (engine, ep, settings) = (engine.clone(), ep.clone(), settings.clone());
+                        calls.spawn(deliver(engine, ep, settings, l));
+                        break;
+                    }
+                    Err((w, now))
+                        if matches!(w.reason, WaitReason::Concurrency | WaitReason::Rate)
+                            && w.until_ms.saturating_sub(now) <= HOLD_MAX_MS =>
+                    {
+                        let changed = ep.changed.notified();
+                        let sleep = Duration::from_millis(w.until_ms.saturating_sub(now).max(1));
+                        tokio::select! {
+                            _ = tokio::time::sleep(sleep) => {}
+                            _ = changed => {}
+                        }
+                    }
+                    Err((w, now)) => {
+                        park(&engine, &ep, l, w, now).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let in_flight = calls.len();
+    if in_flight > 0 {
+        tracing::info!(queue = %queue, in_flight, "push delivery stopping: waiting for the calls in flight");
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// Hand a leased message back unattempted until the endpoint said to ask again.
+async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64) {
+    let id = l.message.id;
+    let until = engine
+        .clock()
+        .now()
+        .plus_ms(wait.until_ms.saturating_sub(now_ms));
+    let release = Release {
+        lease: redrive_storage::LeaseRef { id, token: l.token },
+        until,
+    };
+    match engine.release(vec![release]).await {
+        Ok(mut r) => match r.pop() {
+            Some(Ok(_)) => {
+                ep.parked_set().insert(id);
+                engine.metrics().push_parked(&ep.key, wait.reason.as_str());
+            }
+            Some(Err(e)) => {
+                tracing::warn!(message = %id, error = %e, "could not park a push message; its lease will expire");
+            }
+            None => {}
+        },
+        Err(e) => {
+            tracing::error!(message = %id, error = %e, "could not park a push message; its lease will expire");
+        }
+    }
+}
+
+/// One attempt: send, classify, tell the protection, ack or nack.
+async fn deliver(engine: Arc<Engine>, ep: Arc<Endpoint>, settings: Arc<PushSettings>, l: Leased) {
+    let now = engine.clock().now();
+    let now_s = now.as_millis().div_euclid(1_000);
+    let id = l.message.id.to_string();
+    let body = match serde_json::to_vec(&l.message.payload) {
+        Ok(b) => b,
+        Err(e) => {
+            // A stored payload is JSON by construction; if this ever fails, say so and
+            // leave the lease to expire rather than drop the message.
+            tracing::error!(message = %id, error = %e, "cannot serialize a push payload");
+            ep.with_protection(|p, now| p.cancel(now));
+            return;
+        }
+    };
+    let mut headers: Vec<(String, String)> = l
+        .message
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    headers.push(("content-type".into(), "application/json".into()));
+    headers.push(("webhook-id".into(), id.clone()));
+    headers.push(("webhook-timestamp".into(), now_s.to_string()));
+    if !settings.secrets.is_empty() {
+        headers.push((
+            "webhook-signature".into(),
+            signature_header(&settings.secrets, &id, now_s, &body),
+        ));
+    }
+    headers.push(("redrive-attempt".into(), l.attempt.to_string()));
+    let sent = ep
+        .sender
+        .send(Request {
+            method: settings.method.clone(),
+            url: settings.url.clone(),
+            headers,
+            body,
+        })
+        .await;
+    let description = sent.describe(Duration::from_millis(settings.timeout_ms));
+    let response = AttemptResponse {
+        status: match sent.outcome {
+            redrive_push::send::Outcome::Answered { status, .. } => Some(status),
+            _ => None,
+        },
+        latency_ms: sent.latency_ms,
+        body: sent.excerpt.clone(),
+    };
+    let (verdict, code) = match sent.attempt() {
+        Some(attempt) => {
+            let code = match attempt {
+                redrive_push::classify::Attempt::Answered { status, .. } => {
+                    format!("http_{status}")
+                }
+                redrive_push::classify::Attempt::TimedOut => "timeout".to_owned(),
+                redrive_push::classify::Attempt::ConnectFailed => "connect_error".to_owned(),
+            };
+            (settings.rules.classify(attempt, now_s), code)
+        }
+        // Refused by the SSRF guard: nothing was sent. Permanent: the destination is not
+        // allowed, and waiting will not change the configuration.
+        None => (
+            Verdict::Failed {
+                class: ErrorClass::Permanent,
+                retry_after_ms: None,
+            },
+            "ssrf_refused".to_owned(),
+        ),
+    };
+    let result = match verdict {
+        Verdict::Delivered => "delivered",
+        Verdict::Gone => "gone",
+        Verdict::Failed { .. } if code == "ssrf_refused" => "refused",
+        Verdict::Failed { class, .. } => class.as_str(),
+    };
+    let outcome = match verdict {
+        Verdict::Failed {
+            class: ErrorClass::Transient | ErrorClass::RateLimited,
+            ..
+        } => Outcome::Failure,
+        _ => Outcome::Success,
+    };
+    if result == "refused" {
+        ep.with_protection(|p, now| p.cancel(now));
+    } else {
+        ep.with_protection(|p, now| p.record(now, outcome));
+    }
+    ep.changed.notify_waiters();
+    engine
+        .metrics()
+        .push_attempt(&ep.key, result, sent.latency_ms);
+    let lease = redrive_storage::LeaseRef {
+        id: l.message.id,
+        token: l.token,
+    };
+    let settled = match verdict {
+        Verdict::Delivered => engine
+            .ack(vec![Ack {
+                lease,
+                response: Some(response),
+            }])
+            .await
+            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
+        Verdict::Gone => engine
+            .nack(vec![Nack {
+                lease,
+                failure: Failure::endpoint_gone(description),
+                response: Some(response),
+            }])
+            .await
+            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
+        Verdict::Failed {
+            class,
+            retry_after_ms,
+        } => engine
+            .nack(vec![Nack {
+                lease,
+                failure: Failure {
+                    class,
+                    message: Some(description),
+                    retry_after_ms,
+                    code: Some(code),
+                },
+                response: Some(response),
+            }])
+            .await
+            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
+    };
+    match settled {
+        Ok(Some(Ok(()))) | Ok(None) => {}
+        Ok(Some(Err(e))) => tracing::warn!(
+            message = %id, result, error = %e,
+            "push attempt finished after its lease ended; the message is (or will be) delivered again"
+        ),
+        Err(e) => {
+            tracing::error!(message = %id, result, error = %e, "could not record a push attempt")
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! Push delivery (SPEC §10) against real HTTP endpoints on loopback: a small axum server
+//! per test answers what the test scripts, and records every request it got.
+
+use crate::harness::*;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// One request the mock endpoint got.
+#[derive(Debug, Clone)]
+pub struct Got {
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+    pub path: String,
+}
+
+/// What the mock answers: status, headers, body, and a delay before answering.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+    pub delay: Duration,
+}
+
+impl Answer {
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            headers: Vec::new(),
+            body: String::new(),
+            delay: Duration::ZERO,
+        }
+    }
+    fn header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
+    fn body(mut self, body: &str) -> Self {
+        self.body = body.to_owned();
+        self
+    }
+    fn delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+}
+
+type Script = Box<dyn Fn(&Got, usize) -> Answer + Send + Sync>;
+
+/// A loopback endpoint: answers by `script(request, how many requests this webhook-id got
+/// before)`, records every request.
+#[derive(Clone)]
+pub struct Mock {
+    pub addr: SocketAddr,
+    got: Arc<Mutex<Vec<Got>>>,
+    script: Arc<Mutex<Script>>,
+}
+
+impl Mock {
+    pub async fn start(script: impl Fn(&Got, usize) -> Answer + Send + Sync + 'static) -> Mock {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mock = Mock {
+            addr,
+            got: Arc::default(),
+            script: Arc::new(Mutex::new(Box::new(script))),
+        };
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(mock.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        mock
+    }
+
+    pub fn set(&self, script: impl Fn(&Got, usize) -> Answer + Send + Sync + 'static) {
+        *self.script.lock().unwrap() = Box::new(script);
+    }
+
+    pub fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Requests for one message.
+    pub fn for_id(&self, id: &str) -> Vec<Got> {
+        self.got()
+            .into_iter()
+            .filter(|g| g.headers.get("webhook-id").map(String::as_str) == Some(id))
+            .collect()
+    }
+}
+
+async fn handle(
+    State(mock): State<Mock>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let got = Got {
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect(),
+        body: body.to_vec(),
+        path: uri.path().to_owned(),
+    };
+    let answer = {
+        let mut all = mock.got.lock().unwrap();
+        let before = all
+            .iter()
+            .filter(|g| g.headers.get("webhook-id") == got.headers.get("webhook-id"))
+            .count();
+        all.push(got.clone());
+        (mock.script.lock().unwrap())(&got, before)
+    };
+    if !answer.delay.is_zero() {
+        tokio::time::sleep(answer.delay).await;
+    }
+    let mut r = (
+        StatusCode::from_u16(answer.status).unwrap(),
+        answer.body.clone(),
+    )
+        .into_response();
+    for (k, v) in answer.headers {
+        r.headers_mut().insert(k, v.parse().unwrap());
+    }
+    r
+}
+
+/// A server with one push queue `hooks` to `url`, loopback allowed, fast fixed retries.
+async fn server(url: &str, extra_push: &str, allow_loopback: bool) -> TestServer {
+    let allow = if allow_loopback {
+        "[push]\nallow_cidrs = [\"127.0.0.1/32\"]\n"
+    } else {
+        ""
+    };
+    TestServer::start(&format!(
+        r#"{allow}
+[queues.hooks]
+delivery = "push"
+[queues.hooks.push]
+url = "{url}"
+timeout = "500ms"
+connect_timeout = "200ms"
+signing_secret = "{SECRET}"
+{extra_push}
+[queues.hooks.retry]
+max_attempts = 3
+backoff = "fixed"
+initial_delay = "50ms"
+jitter = "none"
+"#
+    ))
+    .await
+}
+
+/// Wait (polling, up to 20 s) until the message is in `state`; return it.
+async fn until_state(s: &TestServer, id: &str, state: &str) -> Value {
+    for _ in 0..2_000 {
+        let m = s.message(id).await;
+        if m["state"] == state {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{id} never became {state}: {}", s.message(id).await);
+}
+
+fn responses(m: &Value) -> Vec<Value> {
+    m["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["response"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_delivered_push_is_signed_carries_headers_and_payload_and_is_done() {
+    let mock = Mock::start(|_, _| Answer::status(200).body("thanks")).await;
+    let s = server(&mock.url("/hook"), "", true).await;
+    let m = s
+        .publish(
+            "hooks",
+            json!({"payload": {"order": 42, "note": "é"}, "headers": {"x-merchant": "m-1"}}),
+        )
+        .await;
+    let id = id_of(&m);
+    let done = until_state(&s, &id, "done").await;
+    let got = mock.for_id(&id);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let g = &got[0];
+    assert_eq!(g.path, "/hook");
+    assert_eq!(g.headers["content-type"], "application/json");
+    assert_eq!(g.headers["x-merchant"], "m-1");
+    assert_eq!(g.headers["redrive-attempt"], "1");
+    let body: Value = serde_json::from_slice(&g.body).unwrap();
+    assert_eq!(body, json!({"order": 42, "note": "é"}));
+    let ts: i64 = g.headers["webhook-timestamp"].parse().unwrap();
+    let secret = redrive_push::signing::Secret::parse(SECRET).unwrap();
+    redrive_push::signing::verify(
+        &secret,
+        &g.headers["webhook-signature"],
+        &id,
+        ts,
+        &g.body,
+        ts,
+        5,
+    )
+    .expect("the signature verifies as a Standard Webhooks receiver checks it");
+    let r = responses(&done);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0]["status"], 200);
+    assert_eq!(r[0]["body"], "thanks");
+    assert!(r[0]["latency_ms"].is_u64(), "{r:?}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn each_class_of_answer_does_what_the_spec_says() {
+    // The payload says what the endpoint answers on the first attempt; the second is 200.
+    let mock = Mock::start(|g, before| {
+        if before > 0 {
+            return Answer::status(200);
+        }
+        let p: Value = serde_json::from_slice(&g.body).unwrap();
+        match p["answer"].as_str().unwrap() {
+            "503" => Answer::status(503).body("busy"),
+            "503-ra" => Answer::status(503).header("retry-after", "1"),
+            "429-date" => {
+                let in_one_s = std::time::SystemTime::now() + Duration::from_secs(2);
+                Answer::status(429).header("retry-after", &httpdate(in_one_s))
+            }
+            "404" => Answer::status(404),
+            "410" => Answer::status(410).body("gone for good"),
+            "302" => Answer::status(302).header("location", "/elsewhere"),
+            "slow" => Answer::status(200).delay(Duration::from_millis(1_500)),
+            other => panic!("{other}"),
+        }
+    })
+    .await;
+    let s = server(&mock.url("/hook"), "", true).await;
+    let mut ids = HashMap::new();
+    for a in ["503", "503-ra", "429-date", "404", "410", "302", "slow"] {
+        let m = s.publish("hooks", json!({"payload": {"answer": a}})).await;
+        ids.insert(a, id_of(&m));
+    }
+    // 503 without Retry-After: transient, retried after the policy's 50 ms, then done.
+    let m = until_state(&s, &ids["503"], "done").await;
+    let h = m["history"].as_array().unwrap();
+    assert_eq!(h[0]["error"]["class"], "transient", "{m}");
+    assert_eq!(h[0]["error"]["code"], "http_503");
+    assert_eq!(h[0]["response"]["status"], 503);
+    assert_eq!(h[0]["response"]["body"], "busy");
+    assert_eq!(h[0]["delay_ms"], 50);
+    // 503 with Retry-After in seconds: rate_limited, waits that long.
+    let m = until_state(&s, &ids["503-ra"], "done").await;
+    let h = &m["history"][0];
+    assert_eq!(h["error"]["class"], "rate_limited", "{m}");
+    assert_eq!(h["retry_after_ms"], 1_000);
+    assert!(h["delay_ms"].as_u64().unwrap() >= 1_000, "{h}");
+    // 429 with an HTTP date: rate_limited, retry_after from the date (about 2 s, whole seconds).
+    let m = until_state(&s, &ids["429-date"], "done").await;
+    let h = &m["history"][0];
+    assert_eq!(h["error"]["class"], "rate_limited", "{m}");
+    let ra = h["retry_after_ms"].as_u64().unwrap();
+    assert!((1_000..=3_000).contains(&ra), "{h}");
+    // 404: permanent, dead at once.
+    let m = until_state(&s, &ids["404"], "dead").await;
+    assert_eq!(m["dead_reason"], "permanent_error", "{m}");
+    assert_eq!(mock.for_id(&ids["404"]).len(), 1);
+    // 410: dead, endpoint_gone.
+    let m = until_state(&s, &ids["410"], "dead").await;
+    assert_eq!(m["dead_reason"], "endpoint_gone", "{m}");
+    assert_eq!(m["history"][0]["response"]["body"], "gone for good");
+    // 302: not followed (nothing reached /elsewhere), permanent.
+    let m = until_state(&s, &ids["302"], "dead").await;
+    assert_eq!(m["history"][0]["response"]["status"], 302, "{m}");
+    assert!(
+        mock.got().iter().all(|g| g.path == "/hook"),
+        "a redirect was followed"
+    );
+    // Slower than the 500 ms timeout: transient, no status, then done on the next attempt
+    // (which the mock also delays: it is retried until max_attempts, so look at the first).
+    let m = loop {
+        let m = s.message(&ids["slow"]).await;
+        if m["history"].as_array().is_some_and(|h| !h.is_empty()) {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let h = &m["history"][0];
+    assert_eq!(h["error"]["class"], "transient", "{m}");
+    assert_eq!(h["error"]["code"], "timeout");
+    assert!(h["response"]["status"].is_null(), "{h}");
+    assert!(
+        h["error"]["message"].as_str().unwrap().contains("500ms"),
+        "{h}"
+    );
+    s.stop().await;
+}
+
+fn httpdate(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let dt = time::OffsetDateTime::from_unix_timestamp(secs).unwrap();
+    dt.format(&time::format_description::well_known::Rfc2822)
+        .unwrap()
+        .replace("+0000", "GMT")
+}
+
+#[tokio::test]
+async fn connection_refused_is_transient_and_retried() {
+    // A port nobody listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let s = server(&format!("http://127.0.0.1:{port}/hook"), "", true).await;
+    let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
+    let m = until_state(&s, &id, "dead").await;
+    assert_eq!(m["dead_reason"], "max_attempts", "{m}");
+    let h = m["history"].as_array().unwrap();
+    assert_eq!(h.len(), 3, "{m}");
+    for e in h {
+        assert_eq!(e["error"]["class"], "transient", "{e}");
+        assert_eq!(e["error"]["code"], "connect_error", "{e}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn loopback_is_refused_unless_allowed_and_nothing_is_sent() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    for url in [
+        mock.url("/hook"),
+        format!("http://localhost:{}/hook", mock.addr.port()),
+    ] {
+        let s = server(&url, "", false).await;
+        let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
+        let m = until_state(&s, &id, "dead").await;
+        assert_eq!(m["dead_reason"], "permanent_error", "{url}: {m}");
+        let e = &m["history"][0]["error"];
+        assert_eq!(e["code"], "ssrf_refused", "{url}: {m}");
+        assert!(
+            e["message"].as_str().unwrap().contains("allow_cidrs"),
+            "{url}: {m}"
+        );
+        s.stop().await;
+    }
+    assert!(mock.got().is_empty(), "a refused push reached the endpoint");
+}
+
+#[tokio::test]
+async fn a_push_queue_has_no_pull_consumers_and_its_endpoint_is_listed() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(
+        &mock.url("/hook"),
+        "concurrency = 4\nrate_limit = \"100/s\"",
+        true,
+    )
+    .await;
+    let got = s.post("/v1/queues/hooks/leases", json!({})).await;
+    assert_error(&got, 409, "push_queue");
+    let (status, list) = s.get("/v1/endpoints").await;
+    assert_eq!(status, 200);
+    let e = &list["endpoints"][0];
+    assert_eq!(
+        e["endpoint"],
+        format!("http://127.0.0.1:{}", mock.addr.port())
+    );
+    assert_eq!(e["queues"], json!(["hooks"]));
+    assert_eq!(e["state"], "closed");
+    assert_eq!(e["concurrency"], 4);
+    assert_eq!(e["rate_limit_per_second"], 100.0);
+    let (_, q) = s.get("/v1/queues/hooks").await;
+    assert_eq!(q["delivery"], "push");
+    let (_, q) = s.get("/v1/queues/other").await;
+    assert_eq!(q["delivery"], "pull");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_push_config_is_refused_naming_the_key() {
+    let cases = [
+        ("[queues.q]\ndelivery = \"push\"", "queues.q.push.url"),
+        ("[queues.q.push]\nurl = \"http://a.example/\"", "queues.q.push"),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"ftp://a.example/\"",
+            "queues.q.push.url",
+        ),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"http://a.example/\"\nmethod = \"GET\"",
+            "queues.q.push.method",
+        ),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"http://a.example/\"\nrate_limit = \"fast\"",
+            "queues.q.push.rate_limit",
+        ),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"http://a.example/\"\nsigning_secret = \"whsec_!!\"",
+            "queues.q.push.signing_secret",
+        ),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"http://a.example/\"\n[[queues.q.push.rules]]\nstatus = \"6xx\"\noutcome = \"done\"",
+            "queues.q.push.rules[0].status",
+        ),
+        (
+            "[queues.q]\ndelivery = \"push\"\n[queues.q.push]\nurl = \"http://a.example/\"\n[[queues.q.push.rules]]\nstatus = \"409\"\noutcome = \"fine\"",
+            "queues.q.push.rules[0].outcome",
+        ),
+        ("[push]\nallow_cidrs = [\"10.0.0.0/33\"]", "push.allow_cidrs[0]"),
+        ("[queues.default]\ndelivery = \"push\"", "queues.default.delivery"),
+    ];
+    for (text, key) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, text).unwrap();
+        let e = redrive_server::Config::load(Some(&p), Vec::new(), &Default::default())
+            .expect_err(text)
+            .to_string();
+        assert!(e.contains(key), "{text}\n→ {e}\n(expected the key {key})");
+    }
+}
+
+#[tokio::test]
+async fn configured_rules_come_before_the_defaults() {
+    // 409 means "already have it" for this endpoint: done. 404 is retried here.
+    let mock = Mock::start(|g, _| {
+        let p: Value = serde_json::from_slice(&g.body).unwrap();
+        Answer::status(p.as_u64().unwrap() as u16)
+    })
+    .await;
+    let s = server(
+        &mock.url("/hook"),
+        "[[queues.hooks.push.rules]]\nstatus = \"409\"\noutcome = \"done\"\n\
+         [[queues.hooks.push.rules]]\nstatus = \"404\"\noutcome = \"transient\"",
+        true,
+    )
+    .await;
+    let a = id_of(&s.publish("hooks", json!({"payload": 409})).await);
+    let b = id_of(&s.publish("hooks", json!({"payload": 404})).await);
+    until_state(&s, &a, "done").await;
+    let m = until_state(&s, &b, "dead").await;
+    assert_eq!(m["dead_reason"], "max_attempts", "{m}");
+    s.stop().await;
+}
+
+/// Sum of the attempts charged to `ids` (from their stored state).
+async fn attempts_of(s: &TestServer, ids: &[String]) -> u64 {
+    let mut n = 0;
+    for id in ids {
+        n += s.message(id).await["attempts"].as_u64().unwrap();
+    }
+    n
+}
+
+#[tokio::test]
+async fn an_outage_opens_the_breaker_parks_uncharged_and_recovery_delivers_everything() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let d = down.clone();
+    let mock = Mock::start(move |_, _| {
+        if d.load(std::sync::atomic::Ordering::SeqCst) {
+            Answer::status(500)
+        } else {
+            Answer::status(200)
+        }
+    })
+    .await;
+    let s = TestServer::start(&format!(
+        r#"[push]
+allow_cidrs = ["127.0.0.1/32"]
+[queues.hooks]
+delivery = "push"
+[queues.hooks.push]
+url = "{}"
+concurrency = 4
+[queues.hooks.retry]
+max_attempts = 1000
+backoff = "fixed"
+initial_delay = "50ms"
+jitter = "none"
+"#,
+        mock.url("/hook")
+    ))
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    // The endpoint fails every call: the breaker opens.
+    let opened = loop {
+        let (_, list) = s.get("/v1/endpoints").await;
+        let e = list["endpoints"][0].clone();
+        if e["state"] == "open" {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(opened["opened_total"].as_u64().unwrap() >= 1, "{opened}");
+    let calls_at_open = mock.got().len();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let calls_later = mock.got().len();
+    // Open for 5 s: no call in that second (an in-flight call may still land).
+    assert!(
+        calls_later <= calls_at_open + 4,
+        "calls went on while the breaker was open: {calls_at_open} → {calls_later}"
+    );
+    // Every attempt charged is a call the endpoint got: parking charged nothing.
+    assert_eq!(attempts_of(&s, &ids).await, calls_later as u64);
+    // Recovery: every message is delivered, none dead, and still one attempt per call.
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    for id in &ids {
+        until_state(&s, id, "done").await;
+    }
+    let calls = mock.got().len() as u64;
+    assert_eq!(attempts_of(&s, &ids).await, calls);
+    let (_, q) = s.get("/v1/queues/hooks").await;
+    assert_eq!(q["counts"]["dead"], 0, "{q}");
+    assert_eq!(q["counts"]["done"], 60, "{q}");
+    let (_, list) = s.get("/v1/endpoints").await;
+    assert_ne!(list["endpoints"][0]["state"], "open", "{list}");
+    let metrics = s.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("redrive_push_attempts_total{endpoint=\"http://127.0.0.1:"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
