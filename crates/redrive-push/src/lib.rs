@@ -13,5 +13,6 @@
 //! (breaker, pacing, retry budget) build on these (issue 7).
 
 pub mod classify;
+pub mod protect;
 pub mod signing;
 pub mod ssrf;
