@@ -9,10 +9,17 @@
 //! - [`classify`]: what an answer means (done, a failure class with its `Retry-After`, gone),
 //!   from a table of rules with the SPEC §10 defaults.
 //!
-//! The delivery workers and the per-endpoint protection
-//! (breaker, pacing, retry budget) build on these (issue 7).
+//! - [`protect`]: the protection of one endpoint: circuit breaker with a half-open probe and
+//!   a recovering trickle, AIMD pace, rate limit, concurrency limit and retry budget; pure
+//!   logic over a clock the caller passes in.
+//! - [`retry`]: the same policy engine in-process (S6): `retry(policy, classify, op)`, a
+//!   [`retry::Retrier`] with a shared breaker, and [`retry::http_failure`] to judge an HTTP
+//!   answer with the [`classify`] table.
+//!
+//! The delivery workers build on these (issue 7).
 
 pub mod classify;
 pub mod protect;
+pub mod retry;
 pub mod signing;
 pub mod ssrf;
