@@ -17,15 +17,17 @@
 //! answering); transient failures (5xx, timeouts, connection errors) and `rate_limited` are
 //! [`Outcome::Failure`].
 //!
-//! **Breaker** (when [`ProtectionConfig::breaker`] is set; [`BreakerConfig`] defaults in
-//! brackets). Outcomes are counted in a sliding window of `window_ms` [5 s] made of 1 s
-//! buckets (the current second and the `ceil(window_ms / 1 s) - 1` before it).
-//! - *Closed → Open* when the window holds at least `min_calls` [20] outcomes and
-//!   `failures / calls > failure_ratio` [0.5].
+//! **Breaker** (when [`ProtectionConfig::breaker`] is set; the defaults are
+//! [`BreakerConfig`]'s). Outcomes are counted in a sliding window of `window_ms` (default
+//! 5 s) made of 1 s buckets (the current second and the `ceil(window_ms / 1 s) - 1` before
+//! it).
+//! - *Closed → Open* when the window holds at least `min_calls` (default 20) outcomes and
+//!   `failures / calls > failure_ratio` (default 0.5).
 //! - *Open*: nothing is admitted ([`WaitReason::Breaker`], until the end of the open
-//!   period). The period is `open_ms` [5 s] when opened from Closed or Recovering; **each
-//!   consecutive failed probe doubles it, up to `max(open_ms, 30 s)`** (a downstream that is
-//!   down for long is probed less often: one probe per 30 s instead of one per 5 s).
+//!   period). The period is `open_ms` (default 5 s) when opened from Closed or
+//!   Recovering; **each consecutive failed probe doubles it, up to `max(open_ms, 30 s)`**
+//!   (a downstream that is down for long is probed less often: one probe per 30 s instead
+//!   of one per 5 s).
 //! - *Open → HalfOpen* when the period ends (checked lazily by every method).
 //! - *HalfOpen*: exactly one call (the probe) is admitted at a time; others wait
 //!   ([`WaitReason::Breaker`], polled every 50 ms; the caller also wakes on `record`).
@@ -34,7 +36,7 @@
 //!   breaker opened) from the probe; either tells how the endpoint is now. Outcomes recorded
 //!   while no probe is out, or while Open, do not move the breaker.
 //! - *Recovering*: calls are admitted at the AIMD pace (starting at 5/s). After
-//!   `trickle_calls` [20] outcomes recorded in Recovering with `failures / calls <=
+//!   `trickle_calls` (default 20) outcomes recorded in Recovering with `failures / calls <=
 //!   failure_ratio` → *Closed* (window emptied); as soon as the ratio is above it with at
 //!   least `min(min_calls, trickle_calls)` outcomes → *Open* (period `open_ms`).
 //! - `opened_total` counts every entry into Open.
@@ -87,8 +89,8 @@
 //! when a call ends).
 //!
 //! **Retry budget** (`retry_budget` > 0): first attempts and retries admitted are counted in
-//! a sliding 10 s window of 1 s buckets. A retry is admitted while `retries < retry_budget ×
-//! first_attempts + 10` in the window: the floor of [`BUDGET_FLOOR`] (10) retries per
+//! a sliding 10 s window of 1 s buckets. A retry is admitted while `retries <
+//! floor(retry_budget × first_attempts) + 10` in the window: the floor of [`BUDGET_FLOOR`] (10) retries per
 //! window lets a quiet endpoint still retry. A refused retry gets [`WaitReason::Budget`]
 //! until the next 1 s boundary (when a bucket rolls off) and nothing is consumed. A first
 //! attempt is never refused by the budget.
