@@ -90,10 +90,10 @@
 //!
 //! **Retry budget** (`retry_budget` > 0): first attempts and retries admitted are counted in
 //! a sliding 10 s window of 1 s buckets. A retry is admitted while `retries <
-//! floor(retry_budget × first_attempts) + 10` in the window: the floor of [`BUDGET_FLOOR`] (10) retries per
-//! window lets a quiet endpoint still retry. A refused retry gets [`WaitReason::Budget`]
-//! until the next 1 s boundary (when a bucket rolls off) and nothing is consumed. A first
-//! attempt is never refused by the budget.
+//! floor(retry_budget × first_attempts) + 10` in the window: the floor of
+//! [`BUDGET_FLOOR`] (10) retries per window lets a quiet endpoint still retry. A refused
+//! retry gets [`WaitReason::Budget`] until the next 1 s boundary (when a bucket rolls off)
+//! and nothing is consumed. A first attempt is never refused by the budget.
 //!
 //! Order of the checks: breaker, concurrency, budget (retries only), rate and pace. Only
 //! when all pass is anything consumed.
@@ -1496,7 +1496,12 @@ mod tests {
                 retry_budget in prop_oneof![Just(0.0), 0.0f64..0.5],
                 ops in prop::collection::vec(op(), 1..800),
             ) {
-                let config = ProtectionConfig { concurrency, rate_limit_per_s: rate, breaker, retry_budget };
+                let config = ProtectionConfig {
+                    concurrency,
+                    rate_limit_per_s: rate,
+                    breaker,
+                    retry_budget,
+                };
                 let mut p = Protection::new(config, 0);
                 let mut now = 0u64;
                 let mut starts: Vec<u64> = vec![];
@@ -1551,7 +1556,10 @@ mod tests {
                     let bound = r + (r / 10.0).max(1.0) + 1e-6;
                     for (i, &t) in starts.iter().enumerate() {
                         let n = starts[i..].iter().take_while(|&&u| u < t + 1_000).count();
-                        prop_assert!(n as f64 <= bound, "{} starts in [{}, {}+1s), rate {}", n, t, t, r);
+                        prop_assert!(
+                            n as f64 <= bound,
+                            "{} starts in [{}, {}+1s), rate {}", n, t, t, r
+                        );
                     }
                 }
             }
@@ -1702,8 +1710,10 @@ mod tests {
 
         fn show(name: &str, f: &Figures) {
             println!(
-                "{name}: {} published, {} calls ({:.2} per message); outage: {} published, {} calls ({:.2} %); \
-                 peak after recovery {} calls/s ({:.2} × capacity); drained {} after the outage; {} dead, {} delivered, opened {} times",
+                "{name}: {} published, {} calls ({:.2} per message); \
+                 outage: {} published, {} calls ({:.2} %); \
+                 peak after recovery {} calls/s ({:.2} × capacity); \
+                 drained {} after the outage; {} dead, {} delivered, opened {} times",
                 f.published,
                 f.calls,
                 f.calls as f64 / f.published as f64,
@@ -1712,7 +1722,10 @@ mod tests {
                 100.0 * f.outage_calls as f64 / f.published_in_outage as f64,
                 f.peak_after_recovery,
                 f.peak_after_recovery as f64 / CAPACITY_PER_S,
-                f.drained_after_ms.map_or("never".to_owned(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
+                f.drained_after_ms.map_or("never".to_owned(), |ms| format!(
+                    "{:.1} s",
+                    ms as f64 / 1000.0
+                )),
                 f.dead,
                 f.delivered,
                 f.opened,
