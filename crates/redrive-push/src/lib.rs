@@ -5,17 +5,22 @@
 //! - [`ssrf`]: which addresses a push may connect to. Every address a host resolves to is
 //!   checked at connect time against the private, loopback, link-local, metadata … ranges,
 //!   unless the operator allowed it (`push.allow_cidrs`).
-//!
 //! - [`classify`]: what an answer means (done, a failure class with its `Retry-After`, gone),
 //!   from a table of rules with the SPEC §10 defaults.
 //! - [`send`]: one attempt over HTTP, through a per-endpoint client that never follows
 //!   redirects and checks every address at connect time.
+//! - [`protect`]: the protection of one endpoint: circuit breaker with a half-open probe and
+//!   a recovering trickle, AIMD pace, rate limit, concurrency limit and retry budget; pure
+//!   logic over a clock the caller passes in.
+//! - [`retry`]: the same policy engine in-process (S6): `retry(policy, classify, op)`, a
+//!   [`retry::Retrier`] with a shared breaker, and [`retry::http_failure`] to judge an HTTP
+//!   answer with the [`classify`] table.
 //!
-//! The delivery workers and the per-endpoint protection
-//! (breaker, pacing, retry budget) build on these (issue 7).
+//! The server's delivery workers (`redrive-server`, `engine/push.rs`) build on these.
 
 pub mod classify;
 pub mod protect;
+pub mod retry;
 pub mod send;
 pub mod signing;
 pub mod ssrf;

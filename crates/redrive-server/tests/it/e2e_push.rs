@@ -82,10 +82,6 @@ impl Mock {
         mock
     }
 
-    pub fn set(&self, script: impl Fn(&Got, usize) -> Answer + Send + Sync + 'static) {
-        *self.script.lock().unwrap() = Box::new(script);
-    }
-
     pub fn got(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
     }
