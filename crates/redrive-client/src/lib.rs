@@ -308,6 +308,21 @@ impl Client {
         })
     }
 
+    /// GET a URL under the server; answers the 2xx body's bytes, undecoded (for tools that
+    /// read a few fields of an answer this client has no type for).
+    pub async fn get_raw(&self, url: &Url) -> Result<Bytes, Error> {
+        let req = self.http.get(url.clone());
+        let req = match self.request_timeout {
+            Some(t) => req.timeout(t),
+            None => req,
+        };
+        let resp = self.send(req, url).await?;
+        resp.bytes().await.map_err(|source| Error::Interrupted {
+            url: url.to_string(),
+            source,
+        })
+    }
+
     /// Publish one message to `queue`.
     pub async fn publish(
         &self,

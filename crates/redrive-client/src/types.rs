@@ -39,6 +39,9 @@ pub struct Publish {
     /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed: Option<NackError>,
+    /// Push delivery: this message's own endpoint (queues with `allow_message_targets`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_url: Option<String>,
 }
 
 impl Publish {
@@ -362,6 +365,12 @@ pub struct QueueView {
     pub on_dead: OnDead,
     /// Default lease, if configured.
     pub lease: Option<String>,
+    /// `pull` or `push` (absent from servers before push delivery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// For a push queue: its endpoint, `scheme://host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 impl QueueView {
@@ -391,6 +400,7 @@ mod tests {
             json!({"payload": {"id": 1}})
         );
         let p = Publish {
+            target_url: None,
             payload: json!(null),
             headers: [("trace".to_owned(), "abc".to_owned())].into(),
             key: Some("k".into()),

@@ -254,6 +254,10 @@ pub struct Message {
     /// One entry per attempt outcome and operator action. Empty in listings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// Push delivery: where this message goes instead of its queue's `url` (queues with
+    /// `allow_message_targets = true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_url: Option<String>,
 }
 
 /// A message to publish, validated by the caller.
@@ -275,6 +279,8 @@ pub struct NewMessage {
     pub deliver_at: Option<Timestamp>,
     /// A failure seen elsewhere, recorded as attempt 1 and scheduled by the policy.
     pub failed: Option<crate::Failure>,
+    /// Push delivery: the message's own endpoint URL (see [`Message::target_url`]).
+    pub target_url: Option<String>,
 }
 
 impl NewMessage {
@@ -289,6 +295,7 @@ impl NewMessage {
             priority: 0,
             deliver_at: None,
             failed: None,
+            target_url: None,
         }
     }
 }

@@ -101,6 +101,8 @@ pub enum Delivery {
 pub struct PushQueueConfig {
     /// The endpoint's URL (`http` or `https`).
     pub url: String,
+    /// Let a message carry its own `target_url` (publish field), used instead of `url`.
+    pub allow_message_targets: bool,
     /// `POST` (default), `PUT` or `PATCH`.
     pub method: String,
     /// Longest time for one attempt: connect, send, answer.
@@ -133,6 +135,7 @@ impl Default for PushQueueConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            allow_message_targets: false,
             method: "POST".to_owned(),
             timeout: DurationMs(10_000),
             connect_timeout: DurationMs(5_000),
@@ -702,6 +705,7 @@ fn push_queue_settings(
     }
     Ok(PushSettings {
         url,
+        allow_message_targets: p.allow_message_targets,
         method,
         timeout_ms: p.timeout.ms(),
         connect_timeout_ms: p.connect_timeout.ms(),

@@ -312,7 +312,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .expect("version");
     assert_eq!(
         version,
-        "4", // the current schema version (schema.rs SCHEMA_VERSION)
+        "5", // the current schema version (schema.rs SCHEMA_VERSION)
         "the data directory is marked upgraded"
     );
     // And it opens again as a current one.

@@ -189,6 +189,9 @@ pub struct PublishArgs {
     /// A header `name=value` (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = cli::client::parse_header)]
     pub headers: Vec<(String, String)>,
+    /// Push delivery: this message's own endpoint URL (the queue needs allow_message_targets).
+    #[arg(long, value_name = "URL")]
+    pub target_url: Option<String>,
 }
 
 /// `redrive messages …`.

@@ -282,14 +282,24 @@ fn message_schema(state_enum: &Value) -> Value {
             "created_at": ts,
             "updated_at": ts,
             "finished_at": ts,
-            "dead_reason": {"type": "string", "description": "max_attempts, max_age, permanent_error, killed …"},
+            "dead_reason": {"type": "string", "description": "max_attempts, max_age, permanent_error, killed, endpoint_gone (a push endpoint answered 410)"},
             "last_error": {"$ref": "#/components/schemas/LastError"},
             "history": {"type": "array", "items": {
                 "type": "object", "required": ["attempt", "at", "event"],
                 "properties": {
                     "attempt": {"type": "integer", "minimum": 0},
                     "at": ts,
-                    "event": {"type": "string"}
+                    "event": {"type": "string"},
+                    "response": {
+                        "type": "object",
+                        "description": "Push delivery: what the endpoint answered to this attempt.",
+                        "required": ["latency_ms"],
+                        "properties": {
+                            "status": {"type": "integer", "description": "HTTP status; absent when there was no answer"},
+                            "latency_ms": {"type": "integer", "minimum": 0},
+                            "body": {"type": "string", "description": "The first 1 KiB of the answer, or what went wrong"}
+                        }
+                    }
                 }
             }}
         }

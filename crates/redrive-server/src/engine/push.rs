@@ -20,8 +20,9 @@
 //!
 //! An attempt's history entry records the status, the latency and the first 1 KiB of the
 //! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
-//! [`LEASE_MARGIN_MS`]: if redrive dies mid-call, the message is delivered again after
-//! that (at least once), and it is marked done only by an ack that follows a 2xx.
+//! [`LEASE_MARGIN_MS`] (5 s): if redrive dies mid-call, the message is delivered again after
+//! that (at least once), and it is marked done only by an ack that follows a 2xx
+//! (`crates/redrive/tests/push_crash.rs` kills the server with pushes in flight and counts).
 
 use super::Engine;
 use crate::metrics::EndpointGauges;
@@ -36,13 +37,16 @@ use redrive_push::ssrf::Guard;
 use redrive_push::{Method, Url};
 use redrive_storage::{Ack, Leased, Nack, Release};
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
-/// A lease of a push attempt lasts its timeout plus this.
-pub const LEASE_MARGIN_MS: u64 = 30_000;
+/// A lease of a push attempt lasts its timeout plus this: room for the wait for a rate or
+/// concurrency slot ([`HOLD_MAX_MS`]) and the ack's commit. It is also how long after its
+/// attempt's timeout a message whose push was in flight when redrive died waits before it is
+/// delivered again.
+pub const LEASE_MARGIN_MS: u64 = 5_000;
 
 /// A leased message waits (holding its lease) at most this long for a rate or
 /// concurrency slot; a longer wait parks it.
@@ -50,6 +54,13 @@ pub const HOLD_MAX_MS: u64 = 1_000;
 
 /// Most messages one lease request takes for an unpaced endpoint.
 const MAX_LEASE_BATCH: u32 = 32;
+
+/// Most endpoints made for messages' own `target_url`s; past it, idle ones are forgotten.
+const MAX_TARGET_ENDPOINTS: usize = 1_000;
+
+/// Target endpoints with a metrics label of their own; the others are labelled `other`, so
+/// the label stays bounded whatever URLs messages carry.
+const MAX_TARGET_LABELS: usize = 100;
 
 /// Every breaker state name, for gauges.
 const STATES: &[&str] = &["closed", "open", "half_open", "recovering"];
@@ -59,6 +70,8 @@ const STATES: &[&str] = &["closed", "open", "half_open", "recovering"];
 pub struct PushSettings {
     /// The endpoint's URL.
     pub url: Url,
+    /// Messages may carry their own `target_url`.
+    pub allow_message_targets: bool,
     /// `POST`, `PUT` or `PATCH`.
     pub method: Method,
     /// Longest attempt, ms.
@@ -123,6 +136,8 @@ pub struct PushConfig {
 #[derive(Debug)]
 pub struct Endpoint {
     key: String,
+    /// The metrics label: the key, or `other` for target endpoints past the label bound.
+    label: String,
     queues: Vec<String>,
     protection: Mutex<Protection>,
     changed: Notify,
@@ -217,10 +232,57 @@ impl Endpoint {
 }
 
 /// Every push endpoint, and which queue pushes where.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Endpoints {
     by_key: BTreeMap<String, Arc<Endpoint>>,
     by_queue: BTreeMap<String, (Arc<Endpoint>, Arc<PushSettings>)>,
+    /// Endpoints of messages' own `target_url`s, made on first use.
+    targets: Mutex<BTreeMap<String, Arc<Endpoint>>>,
+    /// Target endpoints that got a label of their own so far.
+    labelled: Mutex<HashSet<String>>,
+    guard: Arc<Guard>,
+    epoch: Instant,
+}
+
+impl Default for Endpoints {
+    fn default() -> Self {
+        Self {
+            by_key: BTreeMap::new(),
+            by_queue: BTreeMap::new(),
+            targets: Mutex::default(),
+            labelled: Mutex::default(),
+            guard: Arc::default(),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+/// An endpoint with `settings`' limits and client.
+fn make_endpoint(
+    key: String,
+    label: String,
+    queues: Vec<String>,
+    settings: &PushSettings,
+    guard: &Arc<Guard>,
+    epoch: Instant,
+) -> Result<Endpoint, BuildError> {
+    let sender = Sender::new(&SenderConfig {
+        connect_timeout: Duration::from_millis(settings.connect_timeout_ms),
+        timeout: Duration::from_millis(settings.timeout_ms),
+        max_response_bytes: settings.max_response_bytes,
+        pool_idle: settings.concurrency as usize,
+        guard: guard.clone(),
+    })?;
+    Ok(Endpoint {
+        key,
+        label,
+        queues,
+        protection: Mutex::new(Protection::new(settings.protection(), 0)),
+        changed: Notify::new(),
+        sender,
+        parked: Mutex::new(HashSet::new()),
+        epoch,
+    })
 }
 
 impl Endpoints {
@@ -235,22 +297,14 @@ impl Endpoints {
         let mut by_key = BTreeMap::new();
         for (key, queues) in queues_of {
             let first = &config.queues[&queues[0]];
-            let sender = Sender::new(&SenderConfig {
-                connect_timeout: Duration::from_millis(first.connect_timeout_ms),
-                timeout: Duration::from_millis(first.timeout_ms),
-                max_response_bytes: first.max_response_bytes,
-                pool_idle: first.concurrency as usize,
-                guard: config.guard.clone(),
-            })?;
-            let endpoint = Endpoint {
-                key: key.clone(),
+            let endpoint = make_endpoint(
+                key.clone(),
+                key.clone(),
                 queues,
-                protection: Mutex::new(Protection::new(first.protection(), 0)),
-                changed: Notify::new(),
-                sender,
-                parked: Mutex::new(HashSet::new()),
+                first,
+                &config.guard,
                 epoch,
-            };
+            )?;
             by_key.insert(key, Arc::new(endpoint));
         }
         let by_queue = config
@@ -261,7 +315,81 @@ impl Endpoints {
                 (q.clone(), (ep, Arc::new(s.clone())))
             })
             .collect();
-        Ok(Self { by_key, by_queue })
+        Ok(Self {
+            by_key,
+            by_queue,
+            targets: Mutex::default(),
+            labelled: Mutex::default(),
+            guard: config.guard.clone(),
+            epoch,
+        })
+    }
+
+    /// Whether messages of `queue` may carry their own `target_url`.
+    pub fn allows_message_targets(&self, queue: &str) -> bool {
+        self.by_queue
+            .get(queue)
+            .is_some_and(|(_, s)| s.allow_message_targets)
+    }
+
+    /// The endpoint of a message's own `url` (of `queue`, with its `settings`): a configured
+    /// one if the URL is on it, else one made on first use with the queue's limits.
+    /// `None` when no more endpoints can be made now.
+    fn target(&self, url: &Url, queue: &str, settings: &PushSettings) -> Option<Arc<Endpoint>> {
+        let key = endpoint_key(url);
+        if let Some(e) = self.by_key.get(&key) {
+            return Some(e.clone());
+        }
+        let mut targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = targets.get(&key) {
+            return Some(e.clone());
+        }
+        if targets.len() >= MAX_TARGET_ENDPOINTS {
+            // Forget endpoints nobody uses now (closed breaker, nothing in flight or parked).
+            targets.retain(|_, e| {
+                Arc::strong_count(e) > 1
+                    || !e.parked_set().is_empty()
+                    || e.protection().snapshot(e.now_ms()).in_flight > 0
+                    || e.protection().state() != BreakerState::Closed
+            });
+            if targets.len() >= MAX_TARGET_ENDPOINTS {
+                return None;
+            }
+        }
+        let label = {
+            let mut labelled = self.labelled.lock().unwrap_or_else(PoisonError::into_inner);
+            if labelled.contains(&key) || labelled.len() < MAX_TARGET_LABELS {
+                labelled.insert(key.clone());
+                key.clone()
+            } else {
+                "other".to_owned()
+            }
+        };
+        let endpoint = match make_endpoint(
+            key.clone(),
+            label,
+            vec![queue.to_owned()],
+            settings,
+            &self.guard,
+            self.epoch,
+        ) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                tracing::error!(endpoint = %key, error = %e, "cannot make an HTTP client for a message target");
+                return None;
+            }
+        };
+        targets.insert(key, endpoint.clone());
+        Some(endpoint)
+    }
+
+    fn all(&self) -> Vec<Arc<Endpoint>> {
+        let targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
+        self.by_key
+            .values()
+            .chain(targets.values())
+            .cloned()
+            .collect()
     }
 
     /// Whether `queue` is delivered by push.
@@ -274,14 +402,18 @@ impl Endpoints {
         self.by_queue.get(queue).map(|(e, _)| e.key.clone())
     }
 
-    /// Every endpoint as the API shows it.
+    /// Every endpoint as the API shows it (the configured ones, then message targets).
     pub fn views(&self) -> Vec<EndpointView> {
-        self.by_key.values().map(|e| e.view()).collect()
+        self.all().iter().map(|e| e.view()).collect()
     }
 
-    /// Every endpoint's gauges.
+    /// The gauges of every endpoint with a label of its own.
     pub fn gauges(&self) -> Vec<EndpointGauges> {
-        self.by_key.values().map(|e| e.gauges()).collect()
+        self.all()
+            .iter()
+            .filter(|e| e.label == e.key)
+            .map(|e| e.gauges())
+            .collect()
     }
 }
 
@@ -308,20 +440,23 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
             break;
         }
         // 1. Wait until the endpoint would admit a call: while it would not, due messages
-        //    stay ready in the store, uncharged.
-        loop {
-            let changed = ep.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let wait = ep.with_protection(|p, now| p.admissible(now).err().map(|w| (w, now)));
-            let Some((wait, now)) = wait else { break };
-            let sleep = Duration::from_millis(wait.until_ms.saturating_sub(now).max(1));
-            tokio::select! {
-                _ = tokio::time::sleep(sleep) => {}
-                _ = &mut changed => {}
-                _ = stop.changed() => break 'run,
+        //    stay ready in the store, uncharged. (Not when messages may carry their own
+        //    targets: each is then judged by its own endpoint after the lease.)
+        if !settings.allow_message_targets {
+            loop {
+                let changed = ep.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let wait = ep.with_protection(|p, now| p.admissible(now).err().map(|w| (w, now)));
+                let Some((wait, now)) = wait else { break };
+                let sleep = Duration::from_millis(wait.until_ms.saturating_sub(now).max(1));
+                tokio::select! {
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = &mut changed => {}
+                    _ = stop.changed() => break 'run,
+                }
+                while calls.try_join_next().is_some() {}
             }
-            while calls.try_join_next().is_some() {}
         }
         // 2. Lease: one at a time when paced or rate limited, else as many as there are
         //    free call slots.
@@ -350,6 +485,28 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
         };
         // 3. Start each call, or park the message.
         for l in leased {
+            let (ep, url) = match (&l.message.target_url, settings.allow_message_targets) {
+                (Some(t), true) => {
+                    let Ok(url) = Url::parse(t) else {
+                        // Checked at publish; a stored one that no longer parses cannot be sent.
+                        reject(&engine, l, "target_url is not a URL").await;
+                        continue;
+                    };
+                    match engine.push().target(&url, &queue, &settings) {
+                        Some(ep) => (ep, url),
+                        None => {
+                            let now = ep.now_ms();
+                            let wait = Wait {
+                                until_ms: now + 1_000,
+                                reason: WaitReason::Concurrency,
+                            };
+                            park(&engine, &ep, l, wait, now).await;
+                            continue;
+                        }
+                    }
+                }
+                _ => (ep.clone(), settings.url.clone()),
+            };
             ep.parked_set().remove(&l.message.id);
             let is_retry = l.attempt > 1;
             loop {
@@ -358,7 +515,7 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                 {
                     Ok(()) => {
                         let (engine, ep, settings) = (engine.clone(), ep.clone(), settings.clone());
-                        calls.spawn(deliver(engine, ep, settings, l));
+                        calls.spawn(deliver(engine, ep, settings, url, l));
                         break;
                     }
                     Err((w, now))
@@ -366,10 +523,13 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                             && w.until_ms.saturating_sub(now) <= HOLD_MAX_MS =>
                     {
                         let changed = ep.changed.notified();
+                        tokio::pin!(changed);
+                        // Registered now: a call ending before the select still wakes us.
+                        changed.as_mut().enable();
                         let sleep = Duration::from_millis(w.until_ms.saturating_sub(now).max(1));
                         tokio::select! {
                             _ = tokio::time::sleep(sleep) => {}
-                            _ = changed => {}
+                            _ = &mut changed => {}
                         }
                     }
                     Err((w, now)) => {
@@ -402,7 +562,9 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
         Ok(mut r) => match r.pop() {
             Some(Ok(_)) => {
                 ep.parked_set().insert(id);
-                engine.metrics().push_parked(&ep.key, wait.reason.as_str());
+                engine
+                    .metrics()
+                    .push_parked(&ep.label, wait.reason.as_str());
             }
             Some(Err(e)) => {
                 tracing::warn!(message = %id, error = %e, "could not park a push message; its lease will expire");
@@ -415,8 +577,27 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
     }
 }
 
-/// One attempt: send, classify, tell the protection, ack or nack.
-async fn deliver(engine: Arc<Engine>, ep: Arc<Endpoint>, settings: Arc<PushSettings>, l: Leased) {
+/// A leased message that cannot be sent at all: a permanent failure (dead, with `why`).
+async fn reject(engine: &Engine, l: Leased, why: &str) {
+    let id = l.message.id;
+    let nack = Nack {
+        lease: redrive_storage::LeaseRef { id, token: l.token },
+        failure: Failure::new(ErrorClass::Permanent, why),
+        response: None,
+    };
+    if let Err(e) = engine.nack(vec![nack]).await {
+        tracing::error!(message = %id, error = %e, "could not record a push message that cannot be sent");
+    }
+}
+
+/// One attempt to `url`: send, classify, tell the protection, ack or nack.
+async fn deliver(
+    engine: Arc<Engine>,
+    ep: Arc<Endpoint>,
+    settings: Arc<PushSettings>,
+    url: Url,
+    l: Leased,
+) {
     let now = engine.clock().now();
     let now_s = now.as_millis().div_euclid(1_000);
     let id = l.message.id.to_string();
@@ -450,7 +631,7 @@ async fn deliver(engine: Arc<Engine>, ep: Arc<Endpoint>, settings: Arc<PushSetti
         .sender
         .send(Request {
             method: settings.method.clone(),
-            url: settings.url.clone(),
+            url,
             headers,
             body,
         })
@@ -506,7 +687,7 @@ async fn deliver(engine: Arc<Engine>, ep: Arc<Endpoint>, settings: Arc<PushSetti
     ep.changed.notify_waiters();
     engine
         .metrics()
-        .push_attempt(&ep.key, result, sent.latency_ms);
+        .push_attempt(&ep.label, result, sent.latency_ms);
     let lease = redrive_storage::LeaseRef {
         id: l.message.id,
         token: l.token,

@@ -535,3 +535,85 @@ jitter = "none"
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_message_may_carry_its_own_target_when_the_queue_allows_it() {
+    let default = Mock::start(|_, _| Answer::status(200)).await;
+    let own = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(&default.url("/hook"), "allow_message_targets = true", true).await;
+    let m = s
+        .publish(
+            "hooks",
+            json!({"payload": 1, "target_url": own.url("/merchant/7/notify")}),
+        )
+        .await;
+    let id = id_of(&m);
+    assert_eq!(m["target_url"], own.url("/merchant/7/notify"), "{m}");
+    let done = until_state(&s, &id, "done").await;
+    assert_eq!(done["target_url"], own.url("/merchant/7/notify"));
+    assert_eq!(own.for_id(&id).len(), 1);
+    assert_eq!(own.got()[0].path, "/merchant/7/notify");
+    assert!(default.got().is_empty(), "the queue's url was called");
+    // The target's endpoint is listed beside the configured one.
+    let (_, list) = s.get("/v1/endpoints").await;
+    let keys: Vec<&str> = list["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["endpoint"].as_str().unwrap())
+        .collect();
+    assert!(
+        keys.contains(&format!("http://127.0.0.1:{}", own.addr.port()).as_str()),
+        "{list}"
+    );
+    // A private address a message names is refused like a configured one: nothing sent.
+    let m = s
+        .publish(
+            "hooks",
+            json!({"payload": 2, "target_url": "http://10.1.2.3:8080/x"}),
+        )
+        .await;
+    let dead = until_state(&s, &id_of(&m), "dead").await;
+    assert_eq!(
+        dead["history"][0]["error"]["code"], "ssrf_refused",
+        "{dead}"
+    );
+    // Bad targets are refused at publish, naming the field.
+    let got = s
+        .post(
+            "/v1/queues/hooks/messages",
+            json!({"payload": 3, "target_url": "ftp://x.example/"}),
+        )
+        .await;
+    assert_error_names(&got, 400, "invalid_target_url", "target_url");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_target_is_refused_where_the_queue_does_not_allow_it() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(&mock.url("/hook"), "", true).await;
+    for queue in ["hooks", "pull-queue"] {
+        let got = s
+            .post(
+                &format!("/v1/queues/{queue}/messages"),
+                json!({"payload": 1, "target_url": mock.url("/x")}),
+            )
+            .await;
+        assert_error_names(&got, 400, "target_not_allowed", "target_url");
+    }
+    let got = s
+        .post(
+            "/v1/queues/hooks/messages",
+            json!({"messages": [{"payload": 1}, {"payload": 2, "target_url": mock.url("/x")}]}),
+        )
+        .await;
+    assert_error_names(&got, 400, "target_not_allowed", "messages[1].target_url");
+    let (_, q) = s.get("/v1/queues/hooks").await;
+    assert_eq!(
+        q["counts"]["ready"], 0,
+        "a refused batch published something: {q}"
+    );
+    assert_eq!(q["counts"]["done"], 0, "{q}");
+    s.stop().await;
+}

@@ -266,6 +266,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/messages/nack", &["post"]),
     ("/v1/queues", &["get"]),
     ("/v1/queues/{queue}", &["get"]),
+    ("/v1/endpoints", &["get"]),
     ("/healthz", &["get"]),
     ("/readyz", &["get"]),
     ("/metrics", &["get"]),

@@ -90,5 +90,6 @@ pub fn purged_message(
         dead_reason: None,
         last_error: None,
         history: Vec::new(),
+        target_url: item.target_url.clone(),
     })
 }

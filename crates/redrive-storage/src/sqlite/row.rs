@@ -30,6 +30,8 @@ pub struct Row {
     pub last_error: Option<String>,
     /// Start of the `max_age` window, ms: set by a redrive; `None` means `created_at`.
     pub window_start: Option<i64>,
+    /// Push delivery: the message's own endpoint URL.
+    pub target_url: Option<String>,
 }
 
 /// A `state` column holding a code no [`State`] has: a newer redrive wrote it, or the
@@ -78,6 +80,7 @@ impl Row {
             dead_reason: r.get(20)?,
             last_error: r.get(21)?,
             window_start: r.get(22)?,
+            target_url: r.get(23)?,
         })
     }
 
@@ -147,6 +150,7 @@ impl Row {
             dead_reason: self.dead_reason.as_deref().and_then(DeadReason::parse),
             last_error,
             history,
+            target_url: self.target_url.clone(),
         })
     }
 }

@@ -57,7 +57,7 @@ use rusqlite::Connection;
 /// - 4: `ix_key_leased` only holds leased messages that have a key (it held every leased
 ///   message, so each lease and each ack or nack of a message without a key inserted and
 ///   deleted an entry nobody reads).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The steps from each older version to the next: `(from, SQL)`. Each step only adds
 /// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
@@ -75,6 +75,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
          DROP INDEX IF EXISTS ix_scheduled;",
     ),
     (3, "DROP INDEX IF EXISTS ix_key_leased;"),
+    (4, "ALTER TABLE messages ADD COLUMN target_url TEXT;"),
 ];
 
 const SCHEMA: &str = r#"
@@ -105,7 +106,8 @@ CREATE TABLE IF NOT EXISTS messages (
   last_error        TEXT,
   history           TEXT NOT NULL DEFAULT '[]',
   window_start      INTEGER,
-  key_order         INTEGER
+  key_order         INTEGER,
+  target_url        TEXT
 );
 CREATE INDEX IF NOT EXISTS ix_ready ON messages(queue, priority DESC, due_at, seq) WHERE state = 1 AND key_order IS NOT 1;
 CREATE INDEX IF NOT EXISTS ix_ready_blocked ON messages(queue, due_at) WHERE state = 1 AND key_order = 1;
@@ -183,7 +185,7 @@ macro_rules! columns {
     () => {
         "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
          headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
-         leased_at, lease_expires_at, finished_at, dead_reason, last_error, window_start"
+         leased_at, lease_expires_at, finished_at, dead_reason, last_error, window_start, target_url"
     };
 }
 pub(crate) use columns;
@@ -192,4 +194,4 @@ pub(crate) use columns;
 pub const COLUMNS: &str = columns!();
 
 /// The index of `history` when a query selects it right after [`columns!`].
-pub const HISTORY_COLUMN: usize = 23;
+pub const HISTORY_COLUMN: usize = 24;

@@ -364,6 +364,7 @@ impl WriterState {
                 dead_reason: None,
                 last_error: None,
                 window_start: None,
+                target_url: item.target_url.clone(),
             };
             let mut history = Vec::new();
             let mut failure_outcome = None;
@@ -434,8 +435,8 @@ impl WriterState {
             .prepare_cached(
                 "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, payload, headers, \
                  attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, finished_at, dead_reason, \
-                 error_class, last_error, history, key_order) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                 error_class, last_error, history, key_order, target_url) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
             ).db()?
             .execute(params![
                 row.id,
@@ -457,6 +458,7 @@ impl WriterState {
                 row.last_error,
                 history,
                 order,
+                row.target_url,
             ]).db()?;
         Ok(self.conn.last_insert_rowid())
     }

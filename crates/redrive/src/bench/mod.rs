@@ -31,6 +31,7 @@ mod prom;
 mod publish;
 mod report;
 mod stats;
+mod storm;
 
 use crate::cli::client::cli_error;
 use crate::cli::output::print_json;
@@ -114,6 +115,30 @@ pub struct BenchArgs {
     /// job table, e.g. postgres://root@127.0.0.1:5432/test (see below).
     #[arg(long, value_name = "URL", value_parser = pg::parse_url)]
     pub pg: Option<String>,
+    /// storm: messages per second into each of the two queues.
+    #[arg(long, default_value_t = 200.0, value_parser = parse_positive)]
+    pub storm_rate: f64,
+    /// storm: capacity of each mock endpoint, requests/s (beyond it: 503 at once).
+    #[arg(long, default_value_t = 250.0, value_parser = parse_positive)]
+    pub storm_capacity: f64,
+    /// storm: time before the outage.
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub storm_before: DurationMs,
+    /// storm: length of the outage.
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub storm_outage: DurationMs,
+    /// storm: the outage's first part, with connections refused (then 503).
+    #[arg(long, default_value = "20s", value_name = "DURATION")]
+    pub storm_refused: DurationMs,
+    /// storm: how long messages arrive (from the start).
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    pub storm_arrivals: DurationMs,
+    /// storm: where the endpoint of queue storm-on listens.
+    #[arg(long, default_value = "127.0.0.1:18181")]
+    pub storm_on: std::net::SocketAddr,
+    /// storm: where the endpoint of queue storm-off listens.
+    #[arg(long, default_value = "127.0.0.1:18182")]
+    pub storm_off: std::net::SocketAddr,
     /// --pg: the job table (created if absent, emptied at the start of the run).
     #[arg(long, value_name = "NAME", default_value = pg::DEFAULT_TABLE, value_parser = pg::parse_table)]
     pub pg_table: String,
@@ -144,6 +169,15 @@ Workloads (each stops by itself; run against a server started separately):
   scheduled      publish --messages (default 1,000,000) due --ahead (default 1d) in
                  batches; publish rate. RSS, disk and restart time are for a script
                  to measure afterwards.
+  storm          push delivery through an outage: two mock endpoints in this process
+                 (--storm-on, --storm-off) of --storm-capacity requests/s get queues
+                 storm-on (protection on) and storm-off (breaker = false,
+                 retry_budget = 0), --storm-rate messages/s each for --storm-arrivals;
+                 after --storm-before both go down for --storm-outage (connections
+                 refused for --storm-refused, then 503), then recover. Reports calls per
+                 message, outage calls, peak after recovery, drain time against its
+                 bound, dead letters. --timeout bounds the drain. The server needs both
+                 queues configured: scripts/bench_storm.sh.
 
 Every workload ends with the server's group-commit figures from /metrics:
 changes per commit and commits (fsyncs) per second.
@@ -188,6 +222,8 @@ pub enum Workload {
     Delayed,
     /// Many messages due far in the future.
     Scheduled,
+    /// Push delivery through an endpoint outage, protection on and off side by side.
+    Storm,
 }
 
 impl Workload {
@@ -199,6 +235,7 @@ impl Workload {
             Workload::RetryCycle => "retry-cycle",
             Workload::Delayed => "delayed",
             Workload::Scheduled => "scheduled",
+            Workload::Storm => "storm",
         }
     }
 
@@ -210,7 +247,16 @@ impl Workload {
             Workload::RetryCycle => Some(50_000),
             Workload::Delayed => Some(20_000),
             Workload::Scheduled => Some(1_000_000),
+            Workload::Storm => None,
         }
+    }
+}
+
+/// A number above 0.
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a number above 0, got {s:?}")),
     }
 }
 
@@ -420,6 +466,24 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         }
         Workload::Delayed => {
             delayed::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await
+        }
+        Workload::Storm => {
+            ctx.progress.done.store(true, Ordering::Relaxed);
+            if let Some(t) = ticker {
+                t.abort();
+            }
+            let shape = storm::Shape {
+                rate: args.storm_rate,
+                capacity: args.storm_capacity,
+                before: Duration::from_millis(args.storm_before.ms()),
+                outage: Duration::from_millis(args.storm_outage.ms()),
+                refused: Duration::from_millis(args.storm_refused.ms()),
+                arrivals: Duration::from_millis(args.storm_arrivals.ms()),
+                on: args.storm_on,
+                off: args.storm_off,
+                drain_timeout: Duration::from_millis(args.timeout.ms()),
+            };
+            return storm::run(ctx, shape, args.json).await;
         }
     };
     ctx.progress.done.store(true, Ordering::Relaxed);

@@ -151,6 +151,7 @@ pub fn publish_request(args: &PublishArgs, payload: Value) -> Publish {
         delay: args.delay.clone(),
         deliver_at: args.deliver_at.clone(),
         failed: None,
+        target_url: args.target_url.clone(),
     }
 }
 
@@ -626,6 +627,8 @@ mod tests {
                 ordering: redrive_core::Ordering::default(),
                 on_dead: redrive_core::OnDead::default(),
                 lease: None,
+                delivery: None,
+                endpoint: None,
             };
         let q = view(
             "orders",

@@ -49,6 +49,10 @@ pub struct PublishItem {
     pub deliver_at: Option<String>,
     /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
     pub failed: Option<FailedReport>,
+    /// Push delivery: this message's own endpoint (`http://` or `https://`, at most 2048
+    /// characters), used instead of the queue's `url`. Only on a push queue with
+    /// `allow_message_targets = true`.
+    pub target_url: Option<String>,
 }
 
 /// A batch publish: all or nothing.
@@ -168,7 +172,12 @@ fn parse_item(
     };
     let headers = item.headers.unwrap_or_default();
     check_headers(&field("headers"), &headers, &s.config)?;
+    let target_url = match item.target_url {
+        None => None,
+        Some(t) => Some(target_url(&field("target_url"), t, queue, s)?),
+    };
     Ok(NewMessage {
+        target_url,
         queue: queue.to_owned(),
         payload,
         headers,
@@ -178,6 +187,34 @@ fn parse_item(
         deliver_at,
         failed,
     })
+}
+
+/// Longest `target_url`.
+const MAX_TARGET_URL_CHARS: usize = 2048;
+
+/// Check a message's `target_url`: the queue must allow it, and it must be an http(s) URL.
+/// Where it may connect is the SSRF guard's business, at connect time.
+fn target_url(field: &str, t: String, queue: &str, s: &AppState) -> Result<String, ApiError> {
+    if !s.engine.push().allows_message_targets(queue) {
+        return Err(ApiError::bad_request(
+            "target_not_allowed",
+            format!(
+                "{field}: queue {queue} does not take message targets (it needs delivery = \"push\" \
+                 and allow_message_targets = true in [queues.{queue}.push])"
+            ),
+        ));
+    }
+    let bad = |why: &str| ApiError::bad_request("invalid_target_url", format!("{field}: {why}"));
+    if t.chars().count() > MAX_TARGET_URL_CHARS {
+        return Err(bad(&format!(
+            "longer than {MAX_TARGET_URL_CHARS} characters"
+        )));
+    }
+    let url = redrive_push::Url::parse(&t).map_err(|e| bad(&format!("not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(bad("must be an http:// or https:// URL with a host"));
+    }
+    Ok(url.to_string())
 }
 
 /// Publish one message, or a batch (`{"messages": [...]}`, all or nothing).
