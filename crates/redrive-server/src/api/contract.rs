@@ -447,6 +447,23 @@ fn patch(cfg: &Config, v: &mut Value) {
                 s["format"] = json!("date-time");
                 s
             });
+            // Only a push queue with `allow_message_targets` takes a `target_url`; a server
+            // without one accepts nothing but null there, and says so.
+            let targets = cfg.queues.values().any(|q| {
+                q.delivery == Some(crate::config::Delivery::Push)
+                    && q.push.as_ref().is_some_and(|p| p.allow_message_targets)
+            });
+            set_prop(schemas, schema, "target_url", |p| {
+                if targets {
+                    json!({"type": ["string", "null"], "maxLength": 2048, "pattern": "^https?://[^/?#]",
+                           "description": desc(p)})
+                } else {
+                    json!({"type": "null", "description": format!(
+                        "{} No queue of this server allows message targets: only null.",
+                        desc(p).as_str().unwrap_or("")
+                    )})
+                }
+            });
             for key in ["key", "idempotency_key"] {
                 set_prop(schemas, schema, key, |p| {
                     json!({"type": ["string", "null"], "minLength": 1,

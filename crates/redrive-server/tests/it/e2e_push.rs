@@ -617,3 +617,67 @@ async fn a_target_is_refused_where_the_queue_does_not_allow_it() {
     assert_eq!(q["counts"]["done"], 0, "{q}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn retries_over_the_budget_wait_uncharged() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let d = down.clone();
+    let mock = Mock::start(move |_, _| {
+        Answer::status(if d.load(std::sync::atomic::Ordering::SeqCst) {
+            500
+        } else {
+            200
+        })
+    })
+    .await;
+    // No breaker: only the budget holds retries back (10 % of first attempts + 10 per 10 s).
+    let s = TestServer::start(&format!(
+        r#"[push]
+allow_cidrs = ["127.0.0.1/32"]
+[queues.hooks]
+delivery = "push"
+[queues.hooks.push]
+url = "{}"
+breaker = false
+retry_budget = 0.1
+[queues.hooks.retry]
+max_attempts = 1000
+backoff = "fixed"
+initial_delay = "20ms"
+jitter = "none"
+"#,
+        mock.url("/hook")
+    ))
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    let parked = "reason=\"budget\"";
+    for tries in 0.. {
+        assert!(tries < 1_000, "no retry was ever parked by the budget");
+        let metrics = s.get_text("/metrics").await.1;
+        if metrics
+            .lines()
+            .any(|l| l.starts_with("redrive_push_parked_total{") && l.contains(parked))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 20 first attempts allow 12 retries in the 10 s window: the calls stay near 32, not
+    // the hundreds a 20 ms retry loop would make in that time.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = mock.got().len();
+    assert!(
+        calls <= 20 + 12 + 16,
+        "the budget let {calls} calls through"
+    );
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    for id in &ids {
+        until_state(&s, id, "done").await;
+    }
+    // Parked retries were never charged: one attempt per call the endpoint got.
+    assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
+    s.stop().await;
+}

@@ -434,7 +434,7 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
     }
 
     let messages = args.messages.or(args.workload.default_messages());
-    if !args.json {
+    if !args.json && args.workload != Workload::Storm {
         let bound = match messages {
             Some(m) if args.workload.default_messages().is_some() => format!("{m} messages"),
             Some(m) => format!("{m} messages or {}", format_duration_ms(args.duration.ms())),
