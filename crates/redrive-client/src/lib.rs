@@ -297,6 +297,11 @@ impl Client {
             .post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .body(body);
+        self.raw(req, url).await
+    }
+
+    /// Send `req` (with the request timeout) and answer the 2xx body's bytes.
+    async fn raw(&self, req: reqwest::RequestBuilder, url: &Url) -> Result<Bytes, Error> {
         let req = match self.request_timeout {
             Some(t) => req.timeout(t),
             None => req,
@@ -311,16 +316,7 @@ impl Client {
     /// GET a URL under the server; answers the 2xx body's bytes, undecoded (for tools that
     /// read a few fields of an answer this client has no type for).
     pub async fn get_raw(&self, url: &Url) -> Result<Bytes, Error> {
-        let req = self.http.get(url.clone());
-        let req = match self.request_timeout {
-            Some(t) => req.timeout(t),
-            None => req,
-        };
-        let resp = self.send(req, url).await?;
-        resp.bytes().await.map_err(|source| Error::Interrupted {
-            url: url.to_string(),
-            source,
-        })
+        self.raw(self.http.get(url.clone()), url).await
     }
 
     /// Publish one message to `queue`.

@@ -52,9 +52,9 @@
 //! - entering Recovering sets the pace to 5/s;
 //! - a second with outcomes and no failure: pace += 10/s (when paced);
 //! - a second in which more than 1 % of the outcomes failed: pace × [`PACE_DECREASE`] (0.8;
-//!   the design note's 0.5 is tuned, see below); when unpaced, it takes more than the
-//!   breaker's `failure_ratio` of failures in a second, and the pace starts at half the
-//!   outcomes of that second per second; **and never above the successes of that second**
+//!   the design note's 0.5 is tuned, see below); when unpaced, it takes at least 5
+//!   outcomes and more than the breaker's `failure_ratio` of failures in a second, and the
+//!   pace starts at half the outcomes of that second per second; **and never above the successes of that second**
 //!   (what the endpoint accepted; an addition to the note, see below); never below 1/s;
 //! - the pace is never above `rate_limit_per_s`;
 //! - back to unpaced: when Closed, after 10 consecutive seconds without failure in each of
@@ -126,6 +126,8 @@ pub const BUDGET_WINDOW_MS: u64 = 10_000;
 /// The longest open period after consecutive failed probes (unless `open_ms` is longer).
 pub const MAX_OPEN_MS: u64 = 30_000;
 
+/// Outcomes a second needs before its failures start pacing an unpaced endpoint.
+const PACE_START_MIN_CALLS: u32 = 5;
 /// A second's outcomes fail "too much" for the pace above this fraction.
 const PACE_FAILURE_THRESHOLD: f64 = 0.01;
 /// Seconds of slack (pace above twice the calls, no failure) before going unpaced again.
@@ -755,7 +757,10 @@ impl Protection {
             (None, Some(b)) => b.failure_ratio,
             _ => PACE_FAILURE_THRESHOLD,
         };
-        if ended.calls > 0 && failures > threshold * calls {
+        // A second of a handful of calls says little: one failed call out of one does not
+        // start pacing a quiet endpoint.
+        let enough = self.pace.is_some() || ended.calls >= PACE_START_MIN_CALLS;
+        if enough && ended.calls > 0 && failures > threshold * calls {
             let pace = match self.pace {
                 Some(p) => p * PACE_DECREASE,
                 None => calls / 2.0,
@@ -1206,6 +1211,18 @@ mod tests {
         q.record(9_000, Outcome::Failure);
         assert_eq!(q.state(), Open);
         assert_eq!(q.snapshot(9_000).opened_total, 2);
+    }
+
+    #[test]
+    fn one_failed_call_out_of_one_does_not_pace_a_quiet_endpoint() {
+        let mut p = Protection::new(config(), 0);
+        calls(&mut p, 100, 1, Outcome::Failure);
+        p.admissible(1_000).unwrap();
+        assert_eq!(p.pace_per_s(), None);
+        // Five calls, all failing, do.
+        calls(&mut p, 1_100, 5, Outcome::Failure);
+        p.admissible(2_000).ok();
+        assert_eq!(p.pace_per_s(), Some(1.0));
     }
 
     #[test]

@@ -138,6 +138,17 @@ async fn handle(
 
 /// A server with one push queue `hooks` to `url`, loopback allowed, fast fixed retries.
 async fn server(url: &str, extra_push: &str, allow_loopback: bool) -> TestServer {
+    server_with(url, extra_push, allow_loopback, 3, "50ms").await
+}
+
+/// [`server`] with `max_attempts` and a fixed retry `delay` of its own.
+async fn server_with(
+    url: &str,
+    extra_push: &str,
+    allow_loopback: bool,
+    max_attempts: u32,
+    delay: &str,
+) -> TestServer {
     let allow = if allow_loopback {
         "[push]\nallow_cidrs = [\"127.0.0.1/32\"]\n"
     } else {
@@ -154,13 +165,28 @@ connect_timeout = "200ms"
 signing_secret = "{SECRET}"
 {extra_push}
 [queues.hooks.retry]
-max_attempts = 3
+max_attempts = {max_attempts}
 backoff = "fixed"
-initial_delay = "50ms"
+initial_delay = "{delay}"
 jitter = "none"
 "#
     ))
     .await
+}
+
+/// An endpoint that answers 500 while the flag is set, 200 after.
+async fn switchable() -> (Mock, Arc<std::sync::atomic::AtomicBool>) {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let d = down.clone();
+    let mock = Mock::start(move |_, _| {
+        Answer::status(if d.load(std::sync::atomic::Ordering::SeqCst) {
+            500
+        } else {
+            200
+        })
+    })
+    .await;
+    (mock, down)
 }
 
 /// Wait (polling, up to 20 s) until the message is in `state`; return it.
@@ -465,33 +491,8 @@ async fn attempts_of(s: &TestServer, ids: &[String]) -> u64 {
 
 #[tokio::test]
 async fn an_outage_opens_the_breaker_parks_uncharged_and_recovery_delivers_everything() {
-    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let d = down.clone();
-    let mock = Mock::start(move |_, _| {
-        if d.load(std::sync::atomic::Ordering::SeqCst) {
-            Answer::status(500)
-        } else {
-            Answer::status(200)
-        }
-    })
-    .await;
-    let s = TestServer::start(&format!(
-        r#"[push]
-allow_cidrs = ["127.0.0.1/32"]
-[queues.hooks]
-delivery = "push"
-[queues.hooks.push]
-url = "{}"
-concurrency = 4
-[queues.hooks.retry]
-max_attempts = 1000
-backoff = "fixed"
-initial_delay = "50ms"
-jitter = "none"
-"#,
-        mock.url("/hook")
-    ))
-    .await;
+    let (mock, down) = switchable().await;
+    let s = server_with(&mock.url("/hook"), "concurrency = 4", true, 1000, "50ms").await;
     let mut ids = Vec::new();
     for i in 0..60 {
         ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
@@ -620,35 +621,10 @@ async fn a_target_is_refused_where_the_queue_does_not_allow_it() {
 
 #[tokio::test]
 async fn retries_over_the_budget_wait_uncharged() {
-    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let d = down.clone();
-    let mock = Mock::start(move |_, _| {
-        Answer::status(if d.load(std::sync::atomic::Ordering::SeqCst) {
-            500
-        } else {
-            200
-        })
-    })
-    .await;
+    let (mock, down) = switchable().await;
     // No breaker: only the budget holds retries back (10 % of first attempts + 10 per 10 s).
-    let s = TestServer::start(&format!(
-        r#"[push]
-allow_cidrs = ["127.0.0.1/32"]
-[queues.hooks]
-delivery = "push"
-[queues.hooks.push]
-url = "{}"
-breaker = false
-retry_budget = 0.1
-[queues.hooks.retry]
-max_attempts = 1000
-backoff = "fixed"
-initial_delay = "20ms"
-jitter = "none"
-"#,
-        mock.url("/hook")
-    ))
-    .await;
+    let extra = "breaker = false\nretry_budget = 0.1";
+    let s = server_with(&mock.url("/hook"), extra, true, 1000, "20ms").await;
     let mut ids = Vec::new();
     for i in 0..20 {
         ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
