@@ -5,6 +5,7 @@
 #   scripts/bench.sh                 # workloads (a)–(e), then (f) with 1,000,000 scheduled messages
 #   SCHEDULED=100000 scripts/bench.sh
 #   WORKLOADS="publish delayed" scripts/bench.sh
+#   WORKLOADS=push scripts/bench.sh  # push delivery to a healthy endpoint (not in the default set)
 #
 # Each workload stops by itself; everything runs on 127.0.0.1. Output: one block per workload,
 # then the (f) figures: RSS after publishing, data-dir bytes per message, restart-to-ready time.
@@ -53,6 +54,7 @@ for w in $WORKLOADS; do
       case $w in
         cycle | retry-cycle) extra=(--messages 200000) ;;
         delayed) extra=(--messages 100000 --spread 10s) ;;
+        push) extra=(--messages 50000) ;;
         *) extra=(--duration 10s) ;;
       esac
       DATA="$WORK/data-$w"

@@ -17,13 +17,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The bench-retry queue retries at once (the retry-cycle workload checks it).
+# The bench-retry queue retries at once (the retry-cycle workload checks it); bench-push is
+# pushed to the endpoint the push workload hosts.
 cat >"$WORK/bench.toml" <<'TOML'
 log = "warn"
+[push]
+allow_cidrs = ["127.0.0.1/32"]
 [queues."bench-retry".retry]
 backoff = "fixed"
 initial_delay = "0s"
 jitter = "none"
+[queues."bench-push"]
+delivery = "push"
+[queues."bench-push".push]
+url = "http://127.0.0.1:18183/hook"
+concurrency = 64
 TOML
 
 start() { # data dir

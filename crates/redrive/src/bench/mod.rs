@@ -29,6 +29,7 @@ mod delayed;
 mod pg;
 mod prom;
 mod publish;
+mod push;
 mod report;
 mod stats;
 mod storm;
@@ -133,6 +134,9 @@ pub struct BenchArgs {
     /// storm: how long messages arrive (from the start).
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub storm_arrivals: DurationMs,
+    /// push: where the bench's endpoint listens (the server pushes queue bench-push there).
+    #[arg(long, default_value = "127.0.0.1:18183")]
+    pub push_endpoint: std::net::SocketAddr,
     /// storm: where the endpoint of queue storm-on listens.
     #[arg(long, default_value = "127.0.0.1:18181")]
     pub storm_on: std::net::SocketAddr,
@@ -169,6 +173,10 @@ Workloads (each stops by itself; run against a server started separately):
   scheduled      publish --messages (default 1,000,000) due --ahead (default 1d) in
                  batches; publish rate. RSS, disk and restart time are for a script
                  to measure afterwards.
+  push           push delivery to a healthy endpoint the bench hosts (--push-endpoint,
+                 every request answered 200): publishes --messages (50,000) in batches
+                 into queue bench-push, which the server must push there (the config of
+                 scripts/bench_server.sh does); deliveries/s and publish → 2xx latency
   storm          push delivery through an outage: two mock endpoints in this process
                  (--storm-on, --storm-off) of --storm-capacity requests/s get queues
                  storm-on (protection on) and storm-off (breaker = false,
@@ -224,6 +232,8 @@ pub enum Workload {
     Scheduled,
     /// Push delivery through an endpoint outage, protection on and off side by side.
     Storm,
+    /// Push delivery to a healthy endpoint: deliveries/s and publish → 2xx latency.
+    Push,
 }
 
 impl Workload {
@@ -236,6 +246,7 @@ impl Workload {
             Workload::Delayed => "delayed",
             Workload::Scheduled => "scheduled",
             Workload::Storm => "storm",
+            Workload::Push => "push",
         }
     }
 
@@ -248,6 +259,7 @@ impl Workload {
             Workload::Delayed => Some(20_000),
             Workload::Scheduled => Some(1_000_000),
             Workload::Storm => None,
+            Workload::Push => Some(50_000),
         }
     }
 }
@@ -467,6 +479,7 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         Workload::Delayed => {
             delayed::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await
         }
+        Workload::Push => push::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await,
         Workload::Storm => {
             ctx.progress.done.store(true, Ordering::Relaxed);
             if let Some(t) = ticker {

@@ -71,9 +71,10 @@ const UP: u8 = 0;
 const REFUSED: u8 = 1;
 const UNAVAILABLE: u8 = 2;
 
-/// One mock endpoint's state and records.
+/// One mock endpoint's state and records (also the healthy endpoint of the `push`
+/// workload, with an infinite capacity).
 #[derive(Debug)]
-struct Mock {
+pub(super) struct Mock {
     t0: Instant,
     phase: AtomicU8,
     capacity: f64,
@@ -82,11 +83,13 @@ struct Mock {
     per_second: Mutex<Vec<(u32, u32)>>,
     /// Message id → ms since t0 of its first 2xx.
     first_ok: Mutex<HashMap<String, u64>>,
-    requests: AtomicU64,
+    pub(super) requests: AtomicU64,
+    /// Publish → first 2xx, from the bench payload's `"t"` (µs since the epoch at send).
+    latency: Mutex<super::stats::Samples>,
 }
 
 impl Mock {
-    fn new(t0: Instant, capacity: f64) -> Self {
+    pub(super) fn new(t0: Instant, capacity: f64) -> Self {
         Self {
             t0,
             phase: AtomicU8::new(UP),
@@ -95,7 +98,27 @@ impl Mock {
             per_second: Mutex::new(Vec::new()),
             first_ok: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
+            latency: Mutex::new(super::stats::Samples::new()),
         }
+    }
+
+    /// Messages answered 2xx at least once.
+    pub(super) fn delivered(&self) -> usize {
+        self.first_ok
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// The latest first 2xx, ms since the start.
+    pub(super) fn last_delivery_ms(&self) -> Option<u64> {
+        let ok = self.first_ok.lock().unwrap_or_else(|e| e.into_inner());
+        ok.values().max().copied()
+    }
+
+    /// Publish → first 2xx of every message delivered.
+    pub(super) fn take_latency(&self) -> super::stats::Samples {
+        std::mem::take(&mut *self.latency.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Take a token of the capacity bucket.
@@ -127,7 +150,11 @@ impl Mock {
     }
 }
 
-async fn answer(State(mock): State<Arc<Mock>>, headers: HeaderMap) -> Response {
+async fn answer(
+    State(mock): State<Arc<Mock>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     mock.requests.fetch_add(1, Ordering::Relaxed);
     let phase = mock.phase.load(Ordering::Relaxed);
     if phase != UP || !mock.admit() {
@@ -143,17 +170,28 @@ async fn answer(State(mock): State<Arc<Mock>>, headers: HeaderMap) -> Response {
     mock.count(true);
     if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
         let at = mock.t0.elapsed().as_millis() as u64;
-        mock.first_ok
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(id.to_owned())
-            .or_insert(at);
+        let first = {
+            let mut ok = mock.first_ok.lock().unwrap_or_else(|e| e.into_inner());
+            let first = !ok.contains_key(id);
+            ok.entry(id.to_owned()).or_insert(at);
+            first
+        };
+        let sent_us = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v["t"].as_i64());
+        if let (true, Some(t)) = (first, sent_us) {
+            let us = super::now_us() - t;
+            mock.latency
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_us(us);
+        }
     }
     StatusCode::OK.into_response()
 }
 
 /// Serve `mock` on `addr` until `down` turns true; then close every connection.
-async fn serve(
+pub(super) async fn serve(
     addr: SocketAddr,
     mock: Arc<Mock>,
     mut down: watch::Receiver<bool>,
