@@ -22,6 +22,24 @@ fn redrive(server: &str, args: &[&str]) -> Output {
         .expect("run redrive")
 }
 
+/// Run redrive with a stdout whose reader is gone: a socket whose other end is already
+/// closed, so the first write fails with a broken pipe, whatever the timing.
+fn redrive_into_closed_pipe(server: &str, args: &[&str]) -> Output {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    drop(ours);
+    Command::new(env!("CARGO_BIN_EXE_redrive"))
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .env_remove("REDRIVE_TOKEN")
+        .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run redrive")
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
@@ -121,6 +139,20 @@ async fn client_commands_against_a_live_server() {
         text(&o)
     );
 
+    // `redrive messages export | head`: the reader leaving ends the export quietly.
+    for args in [
+        &["messages", "export", "--format", "csv"][..],
+        &["queues"][..],
+    ] {
+        let o = redrive_into_closed_pipe(&s, args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("panicked"),
+            "{}",
+            text(&o)
+        );
+    }
+
     node.child.kill().unwrap();
     node.child.wait().unwrap();
 
@@ -176,4 +208,19 @@ fn serve_refuses_a_bad_config_naming_the_key() {
         "a public address without a token is refused: {}",
         text(&o)
     );
+}
+
+/// `redrive … | head`: a reader that goes away is no panic and no error (it used to
+/// panic with "failed printing to stdout: Broken pipe").
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    for args in [
+        &["policy", "explain", "--preset", "sidekiq"][..],
+        &["policy", "explain", "--preset", "sidekiq", "--json"][..],
+    ] {
+        let o = redrive_into_closed_pipe("http://127.0.0.1:1", args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+    }
 }

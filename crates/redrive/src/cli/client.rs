@@ -2,7 +2,7 @@
 //! [`redrive_client::Client`], the typed client the bench and the tests share, and map its
 //! errors to [`CliError`]s (server error → exit 1, unreachable → exit 3).
 
-use super::output::{print_json, truncate, Align, Table};
+use super::output::{emit, print_json, quiet_broken_pipe, truncate, Align, Table};
 use super::{usage, CliError};
 use crate::{Command, ExportArgs, Filters, ListArgs, MessagesCommand, PublishArgs, QueuesArgs};
 use anyhow::Context;
@@ -241,7 +241,7 @@ async fn list(api: &Client, args: &ListArgs) -> anyhow::Result<()> {
         print_json(&page);
         return Ok(());
     }
-    print!("{}", messages_table(&page).render());
+    emit(&messages_table(&page).render())?;
     if let Some(next) = &page.next_cursor {
         eprintln!("more: add --cursor {next}");
     }
@@ -292,8 +292,12 @@ async fn export(api: &Client, args: &ExportArgs) -> anyhow::Result<()> {
         None => {
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
-            copy_stream(&mut body, &mut out).await?;
-            out.flush()?;
+            // A reader that went away (`| head`) ends the export quietly.
+            match copy_stream(&mut body, &mut out).await {
+                Err(e) if is_broken_pipe(&e) => return Ok(()),
+                r => r?,
+            };
+            quiet_broken_pipe(out.flush())?;
         }
         Some(path) => {
             // Write beside the target, rename when complete: an interrupted export never
@@ -328,6 +332,14 @@ async fn export(api: &Client, args: &ExportArgs) -> anyhow::Result<()> {
 }
 
 /// Copy a streamed body chunk by chunk; answers the number of bytes.
+/// Whether `e` is a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 async fn copy_stream(
     body: &mut redrive_client::Export,
     out: &mut impl Write,
@@ -367,7 +379,7 @@ async fn queues(api: &Client, args: &QueuesArgs) -> anyhow::Result<()> {
             all.queues
         }
     };
-    print!("{}", queues_table(&list).render());
+    emit(&queues_table(&list).render())?;
     Ok(())
 }
 

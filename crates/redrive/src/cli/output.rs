@@ -96,12 +96,32 @@ pub fn truncate(s: &str, max: usize) -> String {
     out
 }
 
+/// Write `text` to stdout. A reader that went away (`redrive … | head`) is not an error:
+/// the output is simply not wanted any more (a `print!` would panic there).
+pub fn emit(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    quiet_broken_pipe(out.write_all(text.as_bytes()).and_then(|()| out.flush()))
+}
+
+/// `r`, with a closed reader (broken pipe) counted as success.
+pub fn quiet_broken_pipe(r: std::io::Result<()>) -> std::io::Result<()> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
+}
+
 /// Print a value as pretty JSON on stdout. The client's typed answers encode to the
 /// server's JSON; going through a `serde_json::Value` first prints their keys in the
 /// order a parsed answer had (sorted), as the CLI always printed them.
 pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
     match serde_json::to_value(value).and_then(|v| serde_json::to_string_pretty(&v)) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => {
+            if let Err(e) = emit(&format!("{s}\n")) {
+                eprintln!("error: cannot write the answer: {e}");
+            }
+        }
         Err(e) => eprintln!("error: cannot print the answer as JSON: {e}"),
     }
 }

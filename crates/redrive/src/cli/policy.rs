@@ -45,7 +45,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     if args.json {
         print_json(&serde_json::json!({ "source": source, "policy": policy, "rows": rows }));
     } else {
-        print!("{}", render(&source, &policy, &rows));
+        super::output::emit(&render(&source, &policy, &rows))?;
     }
     Ok(())
 }
