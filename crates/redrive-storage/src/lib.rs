@@ -36,5 +36,5 @@ pub use sqlite::{
 };
 pub use store::{
     Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
-    PurgeOutcome, QueueStats, Release, Store, TickOutcome,
+    PurgeOutcome, QueueStats, Release, Returned, Store, TickOutcome,
 };

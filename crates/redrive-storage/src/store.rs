@@ -89,6 +89,21 @@ pub struct Nack {
     pub response: Option<AttemptResponse>,
 }
 
+/// A delivery that a broker consumer failed after redrive had counted it delivered (a
+/// bridge republished the message, the broker confirmed it, and the consumer rejected it
+/// later; the broker dead-lettered it back). It fails the attempt that delivered it.
+#[derive(Debug, Clone)]
+pub struct Returned {
+    /// The message.
+    pub id: MessageId,
+    /// The attempt that was delivered (the bridge wrote it on the copy it republished). A
+    /// return for any other attempt, or for a message no longer `done` or `leased`, is a
+    /// repeat (a crash between storing it and acking it to the broker) and changes nothing.
+    pub attempt: u32,
+    /// What went wrong.
+    pub failure: Failure,
+}
+
 /// A leased message handed back without having been attempted (push delivery parks a
 /// message its endpoint cannot take now: breaker open, retry budget spent). The attempt
 /// the lease counted is taken back: nothing is charged, nothing enters the history.
@@ -204,6 +219,14 @@ pub trait Store: Send + Sync + 'static {
         items: Vec<Release>,
         now: Timestamp,
     ) -> Result<Vec<Result<Message, StoreError>>, StoreError>;
+
+    /// Fail delivered attempts that came back ([`Returned`]); one result per item: the
+    /// policy's decision (`Some`), or `None` when the return was already applied.
+    async fn returned(
+        &self,
+        items: Vec<Returned>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError>;
 
     /// Extend a lease to `now + by_ms` (never shortening it). Returns the new expiry.
     async fn extend(

@@ -629,3 +629,105 @@ pub async fn release_of_a_stale_lease_is_refused<S: Store>(s: Arc<S>) {
     expect_err(r, "release of an expired lease", is_expired);
     assert_eq!(get(&*s, m.id).await.attempts, 1);
 }
+
+async fn return_one<S: Store>(
+    s: &S,
+    id: MessageId,
+    attempt: u32,
+    now: Timestamp,
+) -> Result<Option<FailureOutcome>, StoreError> {
+    s.returned(
+        vec![Returned {
+            id,
+            attempt,
+            failure: failure(ErrorClass::Transient, "rejected by the consumer"),
+        }],
+        now,
+    )
+    .await
+    .expect("returned request")
+    .remove(0)
+}
+
+/// A bridge's delivery that the broker's consumer rejected after redrive counted it done:
+/// the attempt fails, the policy schedules the next one, and a repeat changes nothing.
+pub async fn returned_fails_the_delivered_attempt_once<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    ack(&*s, m.id, &l.token, at(10)).await.expect("ack");
+    assert_eq!(count(&*s, Q, State::Done).await, 1);
+    let out = return_one(&*s, m.id, 1, at(20))
+        .await
+        .expect("returned")
+        .expect("applied");
+    assert_eq!(out.message.state, State::Scheduled);
+    assert_eq!(out.message.due_at, Some(at(20 + RETRY_DELAY_MS as i64)));
+    assert_eq!(out.message.attempts, 1);
+    assert_eq!(
+        out.message.finished_at, None,
+        "a returned message is not finished"
+    );
+    assert_eq!(count(&*s, Q, State::Done).await, 0);
+    assert_eq!(count(&*s, Q, State::Scheduled).await, 1);
+    // The same return again (a crash between storing it and acking it to the broker), or
+    // one for another attempt: nothing changes.
+    assert!(return_one(&*s, m.id, 1, at(30))
+        .await
+        .expect("repeat")
+        .is_none());
+    assert!(return_one(&*s, m.id, 7, at(30))
+        .await
+        .expect("other")
+        .is_none());
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.history.len(), 2, "{:?}", got.history);
+    assert!(matches!(got.history[1].event, HistoryEvent::Failed { .. }));
+    tick(&*s, at(20 + RETRY_DELAY_MS as i64)).await;
+    let again = lease_one(&*s, Q, m.id, 30_000, at(20 + RETRY_DELAY_MS as i64)).await;
+    assert_eq!(again.attempt, 2);
+    expect_err(
+        return_one(&*s, MessageId::new(), 1, at(40)).await,
+        "a return of an unknown message",
+        is_not_found,
+    );
+}
+
+/// The consumer can reject before the bridge acks its republish: the return applies to the
+/// leased message, and the late ack is refused (it does not make the message done).
+pub async fn returned_before_the_ack_wins_over_it<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let out = return_one(&*s, m.id, 1, at(5))
+        .await
+        .expect("returned")
+        .expect("applied");
+    assert_eq!(out.message.state, State::Scheduled);
+    let late = ack(&*s, m.id, &l.token, at(6)).await;
+    assert!(
+        late.is_err(),
+        "a late ack made a returned message done: {late:?}"
+    );
+    assert_eq!(get(&*s, m.id).await.state, State::Scheduled);
+}
+
+/// Returns count against `max_attempts` like any failed attempt.
+pub async fn returned_until_dead<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0;
+    for attempt in 1..=MAX_ATTEMPTS {
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        ack(&*s, m.id, &l.token, at(now + 1)).await.expect("ack");
+        let out = return_one(&*s, m.id, attempt, at(now + 2))
+            .await
+            .expect("returned")
+            .expect("applied");
+        now += 2 + RETRY_DELAY_MS as i64;
+        if attempt == MAX_ATTEMPTS {
+            assert_eq!(out.message.state, State::Dead);
+            assert_eq!(out.dead_reason, Some(DeadReason::MaxAttempts));
+        }
+    }
+    assert_eq!(count(&*s, Q, State::Dead).await, 1);
+}

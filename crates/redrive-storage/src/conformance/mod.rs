@@ -52,7 +52,7 @@ pub use helpers::at;
 
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats,
-    Release, Store, StoreError,
+    Release, Returned, Store, StoreError,
 };
 use redrive_core::{
     Backoff, DeadReason, ErrorClass, Failure, HistoryEvent, Jitter, Message, MessageId, NewMessage,
@@ -234,6 +234,9 @@ macro_rules! conformance_tests {
                 release_takes_the_attempt_back,
                 release_until_later_schedules,
                 release_of_a_stale_lease_is_refused,
+                returned_fails_the_delivered_attempt_once,
+                returned_before_the_ack_wins_over_it,
+                returned_until_dead,
             ],
             operator: [
                 redrive_dead_gives_fresh_budget,

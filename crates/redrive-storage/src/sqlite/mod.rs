@@ -24,7 +24,7 @@ mod transitions;
 use crate::store::CommitStats;
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Page,
-    Published, PurgeOutcome, QueueStats, Release, Store, StoreError, TickOutcome,
+    Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -385,6 +385,20 @@ impl Store for SqliteStore {
         // charge the attempt it was meant to take back.
         self.write(move |w| Ok(items.iter().map(|r| w.release(r, now)).collect()))
             .await
+    }
+
+    async fn returned(
+        &self,
+        items: Vec<Returned>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError> {
+        let rows: Vec<_> = self
+            .write(move |w| Ok(items.iter().map(|r| w.returned(r, now)).collect()))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| r.and_then(|o| o.map(transitions::FailedRow::into_outcome).transpose()))
+            .collect())
     }
 
     async fn extend(

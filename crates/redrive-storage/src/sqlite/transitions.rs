@@ -14,7 +14,7 @@ use super::schema::columns;
 use super::sql_error::SqlResultExt;
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    Release, StoreError, TickOutcome,
+    Release, Returned, StoreError, TickOutcome,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent,
@@ -709,6 +709,22 @@ impl WriterState {
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
         self.fail_attempt(row, &nack.failure, nack.response.as_ref(), now)
+    }
+
+    /// A delivered attempt came back failed: apply the failure to its `done` (or still
+    /// `leased`) message, once. `None` when it was already applied.
+    pub fn returned(
+        &mut self,
+        ret: &Returned,
+        now: Timestamp,
+    ) -> Result<Option<FailedRow>, StoreError> {
+        let mut row = self.row_by_id(&ret.id)?;
+        if !matches!(row.state, State::Done | State::Leased) || row.attempts != ret.attempt {
+            return Ok(None);
+        }
+        // Back from done: it is not finished any more (dead sets it again).
+        row.finished_at = None;
+        self.fail_attempt(row, &ret.failure, None, now).map(Some)
     }
 
     /// Hand a leased message back unattempted: `ready` (due time kept, so it keeps its
