@@ -4,6 +4,7 @@
 //! repository root. A bad key or value is refused at start with an error that
 //! names it (`deny_unknown_fields` everywhere).
 
+use crate::engine::bridge::RabbitSettings;
 use crate::engine::push::{PushConfig, PushSettings};
 use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::{
@@ -184,6 +185,54 @@ pub struct PushRuleConfig {
     pub outcome: String,
 }
 
+/// `[bridges]`: redrive behind brokers (SPEC §11).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BridgesConfig {
+    /// `[bridges.rabbitmq.NAME]`.
+    pub rabbitmq: BTreeMap<String, RabbitBridgeConfig>,
+}
+
+/// One `[bridges.rabbitmq.NAME]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RabbitBridgeConfig {
+    /// `amqp://user:pass@host:port/vhost` (`%2f` for the default vhost).
+    pub url: String,
+    /// The RabbitMQ queue the bridge consumes: bound to the consumers' dead-letter exchange.
+    pub intake_queue: String,
+    /// The redrive queue that holds the messages; its retry policy applies.
+    pub queue: String,
+    /// Exhausted messages are also published to this exchange (`""`: not published).
+    #[serde(default)]
+    pub dead_exchange: String,
+    /// Declare the intake queue (durable) and bind it to `dead_letter_exchange`.
+    #[serde(default = "yes")]
+    pub declare: bool,
+    /// The exchange the consumers' queue dead-letters into (its `x-dead-letter-exchange`),
+    /// which `declare` binds the intake queue to. The exchange itself must exist.
+    #[serde(default)]
+    pub dead_letter_exchange: String,
+    /// The intake queue's binding key (with `declare`).
+    #[serde(default = "hash")]
+    pub binding_key: String,
+    /// Intake deliveries in flight (unacked) at most.
+    #[serde(default = "prefetch")]
+    pub prefetch: u16,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn hash() -> String {
+    "#".to_owned()
+}
+
+fn prefetch() -> u16 {
+    64
+}
+
 /// `[push]`: server-wide push delivery settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -246,6 +295,8 @@ pub struct Config {
     pub queues: BTreeMap<String, QueueConfig>,
     /// Push delivery, server-wide.
     pub push: PushServerConfig,
+    /// Bridges to brokers.
+    pub bridges: BridgesConfig,
 }
 
 impl Default for Config {
@@ -275,6 +326,7 @@ impl Default for Config {
             log: "info".to_owned(),
             queues: BTreeMap::new(),
             push: PushServerConfig::default(),
+            bridges: BridgesConfig::default(),
         }
     }
 }
@@ -475,6 +527,7 @@ impl Config {
             }
         }
         self.push_settings()?;
+        self.bridge_settings()?;
         for name in self.queues.keys().map(String::as_str).chain(["default"]) {
             // Resolving the policy is the check: a bad one fails here, naming its key.
             self.queue_settings_checked(name)?;
@@ -547,7 +600,72 @@ impl Config {
             done_retention_ms: self.done_retention.ms(),
             purge_interval_ms: self.purge_interval.ms(),
             push: self.push_settings().unwrap_or_default(),
+            bridges: self.bridge_settings().unwrap_or_default(),
         }
+    }
+
+    /// The bridges' settings, checked (the error names the key).
+    pub fn bridge_settings(&self) -> Result<Vec<RabbitSettings>, ConfigError> {
+        let mut out: Vec<RabbitSettings> = Vec::new();
+        for (name, b) in &self.bridges.rabbitmq {
+            let key = |k: &str| format!("bridges.rabbitmq.{name}.{k}");
+            let val = |k: &str, reason: &str| ConfigError::Value {
+                key: key(k),
+                reason: reason.to_owned(),
+            };
+            if !b.url.starts_with("amqp://") {
+                return Err(val(
+                    "url",
+                    "must be an amqp:// URL, e.g. \"amqp://guest:guest@127.0.0.1:5672/%2f\" (amqps:// is not supported yet)",
+                ));
+            }
+            if b.intake_queue.trim().is_empty() {
+                return Err(val(
+                    "intake_queue",
+                    "must name the RabbitMQ queue to consume",
+                ));
+            }
+            redrive_core::validate_queue_name(&b.queue)
+                .map_err(|e| val("queue", &e.to_string()))?;
+            if self
+                .queues
+                .get(&b.queue)
+                .is_some_and(|q| q.delivery == Some(Delivery::Push))
+            {
+                return Err(val(
+                    "queue",
+                    "is a push queue; a bridge's queue is delivered by the bridge",
+                ));
+            }
+            if let Some(other) = out.iter().find(|o| o.queue == b.queue) {
+                return Err(val(
+                    "queue",
+                    &format!("is already the queue of bridge {}", other.name),
+                ));
+            }
+            if b.declare && b.dead_letter_exchange.is_empty() {
+                return Err(val(
+                    "dead_letter_exchange",
+                    "declare = true needs the exchange the consumers' queue dead-letters into",
+                ));
+            }
+            if b.prefetch == 0 {
+                return Err(val("prefetch", "must be at least 1"));
+            }
+            let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+            out.push(RabbitSettings {
+                name: name.clone(),
+                url: b.url.clone(),
+                intake_queue: b.intake_queue.clone(),
+                queue: b.queue.clone(),
+                dead_exchange: opt(&b.dead_exchange),
+                declare: b.declare,
+                dead_letter_exchange: opt(&b.dead_letter_exchange),
+                binding_key: b.binding_key.clone(),
+                prefetch: b.prefetch,
+            });
+        }
+        Ok(out)
     }
 
     /// The push queues' settings and the SSRF guard, checked (the error names the key).

@@ -73,13 +73,23 @@ pub struct LeaseResponse {
     params(("queue" = String, Path, description = "Queue name")),
     request_body(content = LeaseBody, description = "Optional"),
     responses((status = 200, body = LeaseResponse), (status = 400, description = "Bad input", body = ErrorBody),
-        (status = 409, description = "push_queue: the queue is delivered by push, redrive is its only consumer", body = ErrorBody)))]
+        (status = 409, description = "push_queue / bridge_queue: redrive itself delivers the queue (push or a bridge), it has no pull consumers", body = ErrorBody)))]
 pub async fn lease(
     State(s): State<AppState>,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<LeaseBody>,
 ) -> Result<Response, ApiError> {
     queue_name(&queue)?;
+    if let Some(bridge) = s.engine.bridges().serves(&queue) {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "bridge_queue",
+            format!(
+                "queue {queue} is delivered by bridge {bridge}: redrive republishes its messages \
+                 to RabbitMQ, there is nothing to lease (see GET /v1/bridges)"
+            ),
+        ));
+    }
     if s.engine.push().is_push(&queue) {
         return Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,

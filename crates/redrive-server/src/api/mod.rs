@@ -9,6 +9,7 @@
 //! `/openapi.json` is generated from the handlers' annotations by
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
+mod bridges;
 mod browser;
 mod contract;
 mod endpoints;
@@ -79,6 +80,7 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(queues::list))
         .routes(routes!(queues::get))
         .routes(routes!(endpoints::list))
+        .routes(routes!(bridges::list))
 }
 
 /// Liveness, readiness and metrics: open even when API tokens are configured.

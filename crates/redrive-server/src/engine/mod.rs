@@ -6,6 +6,7 @@
 //! ([`scheduler`]), and metrics. Each operation calls exactly one store
 //! transition, so its atomicity and durability are the store's.
 
+pub mod bridge;
 mod clock;
 pub mod push;
 pub mod scheduler;
@@ -18,8 +19,8 @@ pub use signals::{Signal, SignalReceiver, Signals};
 use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
-    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Release, Store,
-    StoreError,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Release, Returned,
+    Store, StoreError,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -46,6 +47,8 @@ pub struct EngineConfig {
     pub purge_interval_ms: u64,
     /// Push delivery: the push queues and the SSRF guard.
     pub push: push::PushConfig,
+    /// RabbitMQ bridges.
+    pub bridges: Vec<bridge::RabbitSettings>,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +60,7 @@ impl Default for EngineConfig {
             done_retention_ms: 24 * 3_600_000,
             purge_interval_ms: 60_000,
             push: push::PushConfig::default(),
+            bridges: Vec::new(),
         }
     }
 }
@@ -86,6 +90,7 @@ pub struct Engine {
     signals: Signals,
     shutting_down: AtomicBool,
     push: push::Endpoints,
+    bridges: bridge::Bridges,
 }
 
 impl std::fmt::Debug for Engine {
@@ -104,7 +109,9 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, redrive_push::send::BuildError> {
         let push = push::Endpoints::new(&config.push)?;
+        let bridges = bridge::Bridges::new(&config.bridges);
         Ok(Self {
+            bridges,
             store,
             config,
             metrics,
@@ -114,6 +121,11 @@ impl Engine {
             shutting_down: AtomicBool::new(false),
             push,
         })
+    }
+
+    /// The bridges (SPEC §11).
+    pub fn bridges(&self) -> &bridge::Bridges {
+        &self.bridges
     }
 
     /// The push endpoints (SPEC §10).
@@ -293,6 +305,18 @@ impl Engine {
             if m.state == State::Ready || unblocks_key {
                 self.waiters.wake(&m.queue, 1);
             }
+        }
+        Ok(out)
+    }
+
+    /// Fail delivered attempts that came back (a bridge's consumer rejected them).
+    pub async fn returned(
+        &self,
+        items: Vec<Returned>,
+    ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError> {
+        let out = self.store.returned(items, self.clock.now()).await?;
+        for f in out.iter().flatten().flatten() {
+            self.after_failure(f, "returned");
         }
         Ok(out)
     }

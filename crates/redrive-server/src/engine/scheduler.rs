@@ -43,6 +43,7 @@ impl Background {
 pub fn start(engine: Arc<Engine>) -> Background {
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = super::push::start(engine.clone(), &stop_rx);
+    tasks.extend(super::bridge::start(engine.clone(), &stop_rx));
     tasks.push(tokio::spawn(scheduler_loop(
         engine.clone(),
         stop_rx.clone(),

@@ -267,6 +267,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/queues", &["get"]),
     ("/v1/queues/{queue}", &["get"]),
     ("/v1/endpoints", &["get"]),
+    ("/v1/bridges", &["get"]),
     ("/healthz", &["get"]),
     ("/readyz", &["get"]),
     ("/metrics", &["get"]),

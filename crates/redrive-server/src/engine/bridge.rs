@@ -1,0 +1,706 @@
+//! RabbitMQ bridges (SPEC §11, issue 8): redrive behind a RabbitMQ work queue whose
+//! consumers reject (`requeue = false`) what they cannot process.
+//!
+//! The consumers' queue dead-letters into an exchange (`x-dead-letter-exchange`); the
+//! bridge's *intake queue* is bound to it. For every message that arrives there the bridge:
+//!
+//! 1. **stores it first, acks it second**: a new failure becomes a redrive message of the
+//!    bridge's queue (`NewMessage::failed`: the rejection is attempt 1, scheduled by the
+//!    queue's retry policy), body and AMQP properties kept (`amqp-*` headers; the body as
+//!    the payload string, or base64 when it is not UTF-8), deduplicated by an idempotency
+//!    key (message id, or the body's hash, and the `x-death` count), so a crash between
+//!    the two stores nothing twice;
+//! 2. a copy the bridge republished earlier carries `x-redrive-id` and
+//!    `x-redrive-attempt`: it is matched to its redrive message ([`Store::returned`]: one
+//!    more failed attempt in the same history, applied once).
+//!
+//! When a message is due, the bridge leases it (it is the queue's only consumer) and
+//! republishes it to its original exchange and routing key (from `x-death`) with
+//! publisher confirms, adding `x-retry-count`, `x-redrive-id`, `x-redrive-attempt`,
+//! `x-first-failure-time` and `x-last-error`. Only a broker ack makes the attempt
+//! delivered (the message is then `done` until it comes back); a nack, an unroutable
+//! return or a lost channel hands the lease back uncharged ([`Store::release`]) and the
+//! publish is tried again. A message the policy kills is dead in redrive (searchable,
+//! redrivable) and, with `dead_exchange`, published there too.
+//!
+//! Connection loss: the bridge reconnects with backoff (1 s doubling to 30 s), declares
+//! again, and resumes; unacked intake deliveries are redelivered by RabbitMQ and
+//! deduplicated.
+//!
+//! [`Store::returned`]: redrive_storage::Store::returned
+//! [`Store::release`]: redrive_storage::Store::release
+
+use super::Engine;
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
+use redrive_storage::{Ack, LeaseRef, Release, Returned, StoreError};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A lease of a republish lasts this long (the publish and its confirm).
+const REPUBLISH_LEASE_MS: u64 = 60_000;
+/// How long a republish waits for the broker's confirm before it is tried again.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a nacked or unroutable republish, the message is due again this much later.
+const REPUBLISH_RETRY_MS: u64 = 1_000;
+/// Reconnect backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Stored headers of a bridged message.
+const H_EXCHANGE: &str = "amqp-exchange";
+const H_ROUTING_KEY: &str = "amqp-routing-key";
+const H_PROPERTIES: &str = "amqp-properties";
+const H_BODY: &str = "amqp-body";
+
+/// One RabbitMQ bridge's settings, checked (built by `Config::bridge_settings`).
+#[derive(Debug, Clone)]
+pub struct RabbitSettings {
+    /// The bridge's name (`[bridges.rabbitmq.NAME]`).
+    pub name: String,
+    /// `amqp://user:pass@host:port/vhost`.
+    pub url: String,
+    /// The queue the bridge consumes: bound to the consumers' dead-letter exchange.
+    pub intake_queue: String,
+    /// The redrive queue that holds the messages (its retry policy applies).
+    pub queue: String,
+    /// Exhausted messages are also published here, when set.
+    pub dead_exchange: Option<String>,
+    /// Declare the intake queue (durable) and bind it to `dead_letter_exchange`.
+    pub declare: bool,
+    /// The consumers' dead-letter exchange (with `declare`).
+    pub dead_letter_exchange: Option<String>,
+    /// The binding key of the intake queue (with `declare`).
+    pub binding_key: String,
+    /// Unacked intake deliveries at most.
+    pub prefetch: u16,
+}
+
+/// Counters of a bridge, for `GET /v1/bridges`.
+#[derive(Debug, Default)]
+struct Counters {
+    intake: AtomicU64,
+    duplicates: AtomicU64,
+    returned: AtomicU64,
+    republished: AtomicU64,
+    republish_refused: AtomicU64,
+    dead: AtomicU64,
+    connects: AtomicU64,
+}
+
+/// One bridge: settings, state, counters.
+#[derive(Debug)]
+pub struct Bridge {
+    settings: RabbitSettings,
+    state: Mutex<(String, Option<String>)>,
+    counters: Counters,
+}
+
+/// What `GET /v1/bridges` shows of a bridge.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BridgeView {
+    /// Its name.
+    pub name: String,
+    /// `rabbitmq`.
+    pub kind: &'static str,
+    /// The redrive queue.
+    pub queue: String,
+    /// The RabbitMQ queue it consumes.
+    pub intake_queue: String,
+    /// `connecting`, `connected` or `reconnecting`.
+    pub state: String,
+    /// Why it is reconnecting, if it is.
+    pub last_error: Option<String>,
+    /// New failures stored.
+    pub intake: u64,
+    /// Intake deliveries already stored (redelivered by RabbitMQ after a crash): acked only.
+    pub duplicates: u64,
+    /// Republished copies that came back failed.
+    pub returned: u64,
+    /// Republishes confirmed by the broker.
+    pub republished: u64,
+    /// Republishes the broker nacked or could not route (tried again).
+    pub republish_refused: u64,
+    /// Exhausted messages (dead in redrive).
+    pub dead: u64,
+    /// Connections made.
+    pub connects: u64,
+}
+
+impl Bridge {
+    fn set_state(&self, state: &str, error: Option<String>) {
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (state.to_owned(), error);
+    }
+
+    /// The bridge as the API shows it.
+    pub fn view(&self) -> BridgeView {
+        let (state, last_error) = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let c = &self.counters;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BridgeView {
+            name: self.settings.name.clone(),
+            kind: "rabbitmq",
+            queue: self.settings.queue.clone(),
+            intake_queue: self.settings.intake_queue.clone(),
+            state,
+            last_error,
+            intake: n(&c.intake),
+            duplicates: n(&c.duplicates),
+            returned: n(&c.returned),
+            republished: n(&c.republished),
+            republish_refused: n(&c.republish_refused),
+            dead: n(&c.dead),
+            connects: n(&c.connects),
+        }
+    }
+}
+
+/// Every bridge.
+#[derive(Debug, Default)]
+pub struct Bridges {
+    list: Vec<Arc<Bridge>>,
+}
+
+impl Bridges {
+    /// The bridges of the configuration.
+    pub fn new(settings: &[RabbitSettings]) -> Self {
+        Self {
+            list: settings
+                .iter()
+                .map(|s| {
+                    Arc::new(Bridge {
+                        settings: s.clone(),
+                        state: Mutex::new(("connecting".to_owned(), None)),
+                        counters: Counters::default(),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether a bridge delivers `queue` (it is then the queue's only consumer).
+    pub fn serves(&self, queue: &str) -> Option<&str> {
+        self.list
+            .iter()
+            .find(|b| b.settings.queue == queue)
+            .map(|b| b.settings.name.as_str())
+    }
+
+    /// Every bridge as the API shows it.
+    pub fn views(&self) -> Vec<BridgeView> {
+        self.list.iter().map(|b| b.view()).collect()
+    }
+}
+
+/// Start one task per bridge.
+pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+    engine
+        .bridges()
+        .list
+        .iter()
+        .map(|b| tokio::spawn(run(engine.clone(), b.clone(), stop.clone())))
+        .collect()
+}
+
+/// Connect, serve, reconnect with backoff, until `stop`.
+async fn run(engine: Arc<Engine>, bridge: Arc<Bridge>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut connected = false;
+        match session(&engine, &bridge, &mut stop, &mut connected).await {
+            Ok(()) => return,
+            Err(e) => {
+                if connected {
+                    backoff = BACKOFF_MIN;
+                }
+                tracing::warn!(bridge = %bridge.settings.name, error = %e, retry_in_ms = backoff.as_millis() as u64, "bridge lost its broker; reconnecting");
+                bridge.set_state("reconnecting", Some(e));
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => return,
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// One connection's life: declare, consume the intake queue, republish what is due.
+/// `Ok` only when stopped.
+async fn session(
+    engine: &Arc<Engine>,
+    bridge: &Arc<Bridge>,
+    stop: &mut watch::Receiver<bool>,
+    connected: &mut bool,
+) -> Result<(), String> {
+    let s = &bridge.settings;
+    let conn = Connection::connect(&s.url, ConnectionProperties::default())
+        .await
+        .map_err(err)?;
+    let intake = conn.create_channel().await.map_err(err)?;
+    let publish = conn.create_channel().await.map_err(err)?;
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(err)?;
+    if s.declare {
+        intake
+            .queue_declare(
+                &s.intake_queue,
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(err)?;
+        if let Some(dlx) = &s.dead_letter_exchange {
+            intake
+                .queue_bind(
+                    &s.intake_queue,
+                    dlx,
+                    &s.binding_key,
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(err)?;
+        }
+    }
+    intake
+        .basic_qos(s.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(err)?;
+    let mut consumer = intake
+        .basic_consume(
+            &s.intake_queue,
+            &format!("redrive-bridge-{}", s.name),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+    *connected = true;
+    bridge.counters.connects.fetch_add(1, Ordering::Relaxed);
+    bridge.set_state("connected", None);
+    tracing::info!(bridge = %s.name, intake_queue = %s.intake_queue, queue = %s.queue, "bridge connected");
+    let intake_loop = async {
+        while let Some(delivery) = consumer.next().await {
+            let delivery = delivery.map_err(err)?;
+            match take_in(engine, bridge, &publish, &delivery).await {
+                Ok(()) => delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(err)?,
+                Err(e) => {
+                    // Not stored: give it back to RabbitMQ, which delivers it again.
+                    tracing::error!(bridge = %s.name, error = %e, "could not store an intake message; requeued");
+                    delivery
+                        .acker
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..BasicNackOptions::default()
+                        })
+                        .await
+                        .map_err(err)?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        Err::<(), String>("the intake consumer ended".to_owned())
+    };
+    let result = tokio::select! {
+        r = intake_loop => r,
+        r = republish_loop(engine, bridge, &publish) => r,
+        _ = stop.changed() => Ok(()),
+    };
+    let _ = conn.close(200, "redrive bridge stopping").await;
+    result
+}
+
+/// A header of `table` as text, whatever string or number type it came as.
+fn header_text(table: &FieldTable, key: &str) -> Option<String> {
+    match table.inner().get(key)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        AMQPValue::LongLongInt(n) => Some(n.to_string()),
+        AMQPValue::LongInt(n) => Some(n.to_string()),
+        AMQPValue::LongUInt(n) => Some(n.to_string()),
+        AMQPValue::ShortInt(n) => Some(n.to_string()),
+        AMQPValue::ShortUInt(n) => Some(n.to_string()),
+        AMQPValue::ShortShortInt(n) => Some(n.to_string()),
+        AMQPValue::ShortShortUInt(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The first (most recent) `x-death` entry: where the message was going, why it died
+/// there, and how often.
+struct Death {
+    exchange: String,
+    routing_key: String,
+    reason: String,
+    count: i64,
+}
+
+fn death(props: &BasicProperties) -> Option<Death> {
+    let headers = props.headers().as_ref()?;
+    let entries = headers.inner().get("x-death")?.as_array()?;
+    let first = entries.as_slice().first()?.as_field_table()?;
+    let routing_key = first
+        .inner()
+        .get("routing-keys")
+        .and_then(AMQPValue::as_array)
+        .and_then(|a| a.as_slice().first().cloned())
+        .and_then(|v| match v {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Some(Death {
+        exchange: header_text(first, "exchange").unwrap_or_default(),
+        routing_key,
+        reason: header_text(first, "reason").unwrap_or_else(|| "rejected".to_owned()),
+        count: header_text(first, "count")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(1),
+    })
+}
+
+/// The failure an intake delivery reports.
+fn rejection(death: Option<&Death>, props: &BasicProperties) -> Failure {
+    let reason = death.map_or("rejected", |d| d.reason.as_str());
+    let mut message = format!("dead-lettered by RabbitMQ ({reason})");
+    if let Some(e) = props
+        .headers()
+        .as_ref()
+        .and_then(|h| header_text(h, "x-last-error"))
+    {
+        message = format!("{message}: {e}");
+    }
+    Failure {
+        class: ErrorClass::Transient,
+        message: Some(message),
+        retry_after_ms: None,
+        code: Some(format!("amqp_{reason}")),
+    }
+}
+
+/// Store one intake delivery (or match it to the message it is a copy of).
+async fn take_in(
+    engine: &Arc<Engine>,
+    bridge: &Arc<Bridge>,
+    publish: &Channel,
+    d: &Delivery,
+) -> Result<(), String> {
+    let s = &bridge.settings;
+    let headers = d.properties.headers().clone().unwrap_or_default();
+    let dead = death(&d.properties);
+    let failure = rejection(dead.as_ref(), &d.properties);
+    // A copy the bridge republished: one more failed attempt of the same message.
+    if let (Some(id), Some(attempt)) = (
+        header_text(&headers, "x-redrive-id").and_then(|i| i.parse::<MessageId>().ok()),
+        header_text(&headers, "x-redrive-attempt").and_then(|a| a.parse::<u32>().ok()),
+    ) {
+        let returned = Returned {
+            id,
+            attempt,
+            failure: failure.clone(),
+        };
+        match engine.returned(vec![returned]).await.map_err(err)?.pop() {
+            Some(Ok(Some(outcome))) => {
+                bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
+                if outcome.message.state == State::Dead {
+                    bury(bridge, publish, &outcome.message).await;
+                }
+                return Ok(());
+            }
+            Some(Ok(None)) => {
+                bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            // Purged or deleted since: store it as a new failure.
+            Some(Err(StoreError::NotFound(_))) => {}
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("no answer for a returned message".to_owned()),
+        }
+    }
+    // A new failure.
+    let (exchange, routing_key) = match &dead {
+        Some(dd) => (dd.exchange.clone(), dd.routing_key.clone()),
+        None => (
+            d.exchange.as_str().to_owned(),
+            d.routing_key.as_str().to_owned(),
+        ),
+    };
+    let mut props = d.properties.clone();
+    let mut kept = headers.inner().clone();
+    kept.remove("x-death");
+    kept.remove("x-first-death-exchange");
+    kept.remove("x-first-death-queue");
+    kept.remove("x-first-death-reason");
+    kept.remove("x-last-death-exchange");
+    kept.remove("x-last-death-queue");
+    kept.remove("x-last-death-reason");
+    props = props.with_headers(FieldTable::from(kept));
+    let (payload, body_encoding) = match std::str::from_utf8(&d.data) {
+        Ok(text) => (serde_json::Value::String(text.to_owned()), "utf8"),
+        Err(_) => (serde_json::Value::String(base64_encode(&d.data)), "base64"),
+    };
+    let identity = match d.properties.message_id() {
+        Some(id) => id.as_str().to_owned(),
+        None => format!("{:016x}", fnv1a(&d.data)),
+    };
+    let mut message = NewMessage::new(s.queue.clone(), payload);
+    message.headers = BTreeMap::from([
+        (H_EXCHANGE.to_owned(), exchange),
+        (H_ROUTING_KEY.to_owned(), routing_key),
+        (
+            H_PROPERTIES.to_owned(),
+            serde_json::to_string(&props).map_err(err)?,
+        ),
+        (H_BODY.to_owned(), body_encoding.to_owned()),
+    ]);
+    message.idempotency_key = Some(format!(
+        "amqp:{}:{identity}:{}",
+        s.name,
+        dead.as_ref().map_or(1, |d| d.count)
+    ));
+    message.failed = Some(failure);
+    let published = engine.publish(vec![message]).await.map_err(err)?;
+    let Some(p) = published.into_iter().next() else {
+        return Err("no answer for a stored message".to_owned());
+    };
+    if p.replayed {
+        bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
+    if p.message.state == State::Dead {
+        bury(bridge, publish, &p.message).await;
+    }
+    Ok(())
+}
+
+/// The body, the destination and the properties a stored message was taken in with.
+fn rebuild(m: &Message) -> Result<(String, String, BasicProperties, Vec<u8>), String> {
+    let header = |k: &str| {
+        m.headers
+            .get(k)
+            .cloned()
+            .ok_or_else(|| format!("header {k} is missing: not a message this bridge took in"))
+    };
+    let props: BasicProperties = serde_json::from_str(&header(H_PROPERTIES)?).map_err(err)?;
+    let text = m
+        .payload
+        .as_str()
+        .ok_or("the payload is not the body string this bridge stored")?;
+    let body = if header(H_BODY)? == "base64" {
+        base64_decode(text).ok_or("the payload is not base64")?
+    } else {
+        text.as_bytes().to_vec()
+    };
+    Ok((header(H_EXCHANGE)?, header(H_ROUTING_KEY)?, props, body))
+}
+
+/// Lease due messages and republish them with confirms, until the channel fails.
+async fn republish_loop(
+    engine: &Arc<Engine>,
+    bridge: &Arc<Bridge>,
+    publish: &Channel,
+) -> Result<(), String> {
+    let s = &bridge.settings;
+    loop {
+        let leased = engine
+            .lease(&s.queue, 16, None, Some(REPUBLISH_LEASE_MS), 1_000)
+            .await
+            .map_err(err)?;
+        for l in leased {
+            let lease = LeaseRef {
+                id: l.message.id,
+                token: l.token.clone(),
+            };
+            let (exchange, routing_key, props, body) = match rebuild(&l.message) {
+                Ok(r) => r,
+                Err(why) => {
+                    // It cannot be sent as it came: a permanent failure, findable.
+                    let nack = redrive_storage::Nack {
+                        lease,
+                        failure: Failure::new(ErrorClass::Permanent, why),
+                        response: None,
+                    };
+                    engine.nack(vec![nack]).await.map_err(err)?;
+                    continue;
+                }
+            };
+            let mut headers = props.headers().clone().unwrap_or_default();
+            let id = l.message.id.to_string();
+            headers.insert(
+                ShortString::from("x-redrive-id"),
+                AMQPValue::LongString(LongString::from(id.into_bytes())),
+            );
+            headers.insert(
+                ShortString::from("x-redrive-attempt"),
+                AMQPValue::LongLongInt(i64::from(l.attempt)),
+            );
+            headers.insert(
+                ShortString::from("x-retry-count"),
+                AMQPValue::LongLongInt(i64::from(l.attempt.saturating_sub(1))),
+            );
+            headers.insert(
+                ShortString::from("x-first-failure-time"),
+                AMQPValue::LongString(LongString::from(
+                    l.message.created_at.to_rfc3339().into_bytes(),
+                )),
+            );
+            if let Some(e) = l
+                .message
+                .last_error
+                .as_ref()
+                .and_then(|e| e.message.clone())
+            {
+                headers.insert(
+                    ShortString::from("x-last-error"),
+                    AMQPValue::LongString(LongString::from(e.into_bytes())),
+                );
+            }
+            let props = props.with_headers(headers);
+            let confirmed =
+                publish_confirmed(publish, &exchange, &routing_key, &body, props).await?;
+            if confirmed {
+                bridge.counters.republished.fetch_add(1, Ordering::Relaxed);
+                // The consumer may already have rejected it (the return wins): then this
+                // ack is refused, as it should be.
+                let _ = engine.ack(vec![Ack::from(lease)]).await;
+            } else {
+                bridge
+                    .counters
+                    .republish_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                let until = engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
+                engine
+                    .release(vec![Release { lease, until }])
+                    .await
+                    .map_err(err)?;
+            }
+        }
+    }
+}
+
+/// Publish with a confirm: `Ok(true)` when the broker acked and routed it, `Ok(false)`
+/// when it nacked, returned it unroutable or did not answer in time; `Err` when the
+/// channel is gone.
+async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) -> Result<bool, String> {
+    let confirm = channel
+        .basic_publish(
+            exchange,
+            routing_key,
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            props,
+        )
+        .await
+        .map_err(err)?;
+    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+        Ok(Ok(Confirmation::Ack(None))) => Ok(true),
+        Ok(Ok(_)) => Ok(false),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Ok(false),
+    }
+}
+
+/// An exhausted message: count it, and publish it to `dead_exchange` when set.
+async fn bury(bridge: &Arc<Bridge>, publish: &Channel, m: &Message) {
+    bridge.counters.dead.fetch_add(1, Ordering::Relaxed);
+    let Some(dead_exchange) = &bridge.settings.dead_exchange else {
+        return;
+    };
+    let Ok((_, routing_key, props, body)) = rebuild(m) else {
+        return;
+    };
+    let mut headers = props.headers().clone().unwrap_or_default();
+    headers.insert(
+        ShortString::from("x-redrive-id"),
+        AMQPValue::LongString(LongString::from(m.id.to_string().into_bytes())),
+    );
+    if let Some(reason) = m.dead_reason {
+        headers.insert(
+            ShortString::from("x-redrive-dead-reason"),
+            AMQPValue::LongString(LongString::from(reason.as_str().as_bytes().to_vec())),
+        );
+    }
+    match publish_confirmed(
+        publish,
+        dead_exchange,
+        &routing_key,
+        &body,
+        props.with_headers(headers),
+    )
+    .await
+    {
+        Ok(true) => {}
+        Ok(false) | Err(_) => tracing::warn!(
+            bridge = %bridge.settings.name, message = %m.id, dead_exchange = %dead_exchange,
+            "could not publish a dead message to the dead exchange; it stays dead in redrive"
+        ),
+    }
+}
+
+/// FNV-1a, 64 bits: a stable identity of a body without a message id.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
+}

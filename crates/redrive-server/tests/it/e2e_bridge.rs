@@ -1,0 +1,329 @@
+//! The RabbitMQ bridge against the RabbitMQ of this machine (127.0.0.1:5672, guest/guest):
+//! a consumer that rejects (`requeue = false`) gets its messages back through redrive,
+//! with backoff, until it acks them; an exhausted one ends dead in redrive and on the dead
+//! exchange. Each run uses its own names. Skipped when RabbitMQ is down, except under
+//! `CI=true` (then it fails).
+
+use crate::harness::*;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+async fn rabbit() -> Option<Connection> {
+    match Connection::connect(URL, ConnectionProperties::default()).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "RabbitMQ is not reachable at {URL} under CI: {e}"
+            );
+            eprintln!("skipped: RabbitMQ is not reachable at {URL}: {e}");
+            None
+        }
+    }
+}
+
+/// One delivery the consumer saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    body: String,
+    retry_count: Option<i64>,
+    content_type: Option<String>,
+    tenant: Option<String>,
+    acked: bool,
+}
+
+fn header_i64(props: &BasicProperties, key: &str) -> Option<i64> {
+    match props.headers().as_ref()?.inner().get(key)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+fn header_str(props: &BasicProperties, key: &str) -> Option<String> {
+    match props.headers().as_ref()?.inner().get(key)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
+/// The work queue's consumer, unchanged by the bridge: rejects (no requeue) the first
+/// `fail_first` deliveries of each message id (all of them for ids starting with
+/// `doomed`), acks the next.
+async fn consumer(
+    channel: Channel,
+    queue: String,
+    fail_first: usize,
+    seen: Arc<Mutex<HashMap<String, Vec<Seen>>>>,
+) {
+    let mut c = channel
+        .basic_consume(
+            &queue,
+            "php-like",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    while let Some(Ok(d)) = c.next().await {
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        let before = seen.lock().unwrap().get(&id).map_or(0, Vec::len);
+        let ack = !id.starts_with("doomed") && before >= fail_first;
+        seen.lock().unwrap().entry(id).or_default().push(Seen {
+            body: String::from_utf8_lossy(&d.data).into_owned(),
+            retry_count: header_i64(&d.properties, "x-retry-count"),
+            content_type: d
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|s| s.as_str().to_owned()),
+            tenant: header_str(&d.properties, "tenant"),
+            acked: ack,
+        });
+        if ack {
+            d.acker.ack(BasicAckOptions::default()).await.unwrap();
+        } else {
+            d.acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejecting_consumer_gets_its_messages_back_until_it_acks_and_the_exhausted_die() {
+    let Some(conn) = rabbit().await else { return };
+    let run = format!("{:08x}", rand_u32());
+    let (work_x, work_q, dlx, intake, dead_x, dead_q, queue) = (
+        format!("rt.work.{run}"),
+        format!("rt.work.{run}"),
+        format!("rt.dlx.{run}"),
+        format!("rt.intake.{run}"),
+        format!("rt.dead.{run}"),
+        format!("rt.dead.{run}"),
+        format!("rtq-{run}"),
+    );
+    let admin = conn.create_channel().await.unwrap();
+    let auto = QueueDeclareOptions {
+        auto_delete: false,
+        ..QueueDeclareOptions::default()
+    };
+    for (x, kind) in [
+        (&work_x, ExchangeKind::Direct),
+        (&dlx, ExchangeKind::Fanout),
+        (&dead_x, ExchangeKind::Fanout),
+    ] {
+        admin
+            .exchange_declare(
+                x,
+                kind,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+    // The consumers' queue dead-letters into the DLX: the only change a user makes.
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString(LongString::from(dlx.clone().into_bytes())),
+    );
+    admin.queue_declare(&work_q, auto, args).await.unwrap();
+    admin
+        .queue_bind(
+            &work_q,
+            &work_x,
+            "job",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    admin
+        .queue_declare(&dead_q, auto, FieldTable::default())
+        .await
+        .unwrap();
+    admin
+        .queue_bind(
+            &dead_q,
+            &dead_x,
+            "",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let s = TestServer::start(&format!(
+        r#"
+[bridges.rabbitmq.orders]
+url = "{URL}"
+intake_queue = "{intake}"
+queue = "{queue}"
+dead_letter_exchange = "{dlx}"
+dead_exchange = "{dead_x}"
+[queues."{queue}".retry]
+max_attempts = 4
+backoff = "fixed"
+initial_delay = "100ms"
+jitter = "none"
+"#
+    ))
+    .await;
+    // The bridge declares and binds its intake queue.
+    for _ in 0..500 {
+        let (_, b) = s.get("/v1/bridges").await;
+        if b["bridges"][0]["state"] == "connected" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
+    let consume = conn.create_channel().await.unwrap();
+    tokio::spawn(consumer(consume, work_q.clone(), 2, seen.clone()));
+
+    let publisher = conn.create_channel().await.unwrap();
+    let mut ids: Vec<String> = (0..10).map(|i| format!("m-{i}")).collect();
+    ids.push("doomed-1".to_owned());
+    for id in &ids {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from("tenant"),
+            AMQPValue::LongString(LongString::from(b"t1".to_vec())),
+        );
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from(id.clone()))
+            .with_content_type(ShortString::from("text/plain"))
+            .with_headers(headers);
+        publisher
+            .basic_publish(
+                &work_x,
+                "job",
+                BasicPublishOptions::default(),
+                format!("body of {id}").as_bytes(),
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    // Every message but the doomed one is acked once, on its third delivery.
+    let acked = |seen: &HashMap<String, Vec<Seen>>| {
+        ids.iter()
+            .filter(|id| seen.get(*id).is_some_and(|v| v.iter().any(|d| d.acked)))
+            .count()
+    };
+    for tries in 0.. {
+        if acked(&seen.lock().unwrap()) == 10 {
+            break;
+        }
+        assert!(tries < 1_500, "not all acked: {:?}", seen.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead = loop {
+        let (_, page) = s
+            .get(&format!("/v1/messages?queue={queue}&state=dead"))
+            .await;
+        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
+            break page["messages"][0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let snapshot = seen.lock().unwrap().clone();
+    for id in ids.iter().take(10) {
+        let d = &snapshot[id];
+        assert_eq!(d.len(), 3, "{id}: {d:?}");
+        assert_eq!(d.iter().filter(|x| x.acked).count(), 1, "{id}");
+        let retry_counts: Vec<_> = d.iter().map(|x| x.retry_count).collect();
+        assert_eq!(retry_counts, vec![None, Some(1), Some(2)], "{id}");
+        for x in d {
+            assert_eq!(x.body, format!("body of {id}"), "{id}: the body changed");
+            assert_eq!(x.content_type.as_deref(), Some("text/plain"), "{id}");
+            assert_eq!(x.tenant.as_deref(), Some("t1"), "{id}: a header was lost");
+        }
+    }
+    // The doomed one: 4 deliveries (max_attempts), then dead, with every attempt in its
+    // history, and on the dead exchange.
+    assert_eq!(snapshot["doomed-1"].len(), 4, "{:?}", snapshot["doomed-1"]);
+    assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
+    let full = s.message(dead["id"].as_str().unwrap()).await;
+    let failed = full["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["event"] == "failed")
+        .count();
+    assert_eq!(failed, 4, "{full}");
+    assert_eq!(full["payload"], json!("body of doomed-1"));
+    let got = loop {
+        if let Some(m) = admin
+            .basic_get(&dead_q, lapin::options::BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&got.delivery.data),
+        "body of doomed-1"
+    );
+    assert_eq!(
+        header_str(&got.delivery.properties, "x-redrive-dead-reason").as_deref(),
+        Some("max_attempts")
+    );
+    // Redrive holds them all: 10 done, 1 dead, nothing leased.
+    let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
+    assert_eq!(q["counts"]["done"], 10, "{q}");
+    assert_eq!(q["counts"]["dead"], 1, "{q}");
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["intake"], 11, "{b}");
+    assert_eq!(b["returned"], 10 + 3, "{b}");
+    assert_eq!(b["dead"], 1, "{b}");
+    // The bridge is the queue's only consumer.
+    let got = s
+        .post(&format!("/v1/queues/{queue}/leases"), json!({}))
+        .await;
+    assert_error(&got, 409, "bridge_queue");
+    s.stop().await;
+    for q in [&work_q, &dead_q, &intake] {
+        let _ = admin
+            .queue_delete(q, lapin::options::QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [&work_x, &dlx, &dead_x] {
+        let _ = admin
+            .exchange_delete(x, lapin::options::ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    t.subsec_nanos() ^ std::process::id()
+}
