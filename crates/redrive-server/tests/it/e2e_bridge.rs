@@ -107,73 +107,98 @@ async fn consumer(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejecting_consumer_gets_its_messages_back_until_it_acks_and_the_exhausted_die() {
-    let Some(conn) = rabbit().await else { return };
-    let run = format!("{:08x}", rand_u32());
-    let (work_x, work_q, dlx, intake, dead_x, dead_q, queue) = (
-        format!("rt.work.{run}"),
-        format!("rt.work.{run}"),
-        format!("rt.dlx.{run}"),
-        format!("rt.intake.{run}"),
-        format!("rt.dead.{run}"),
-        format!("rt.dead.{run}"),
-        format!("rtq-{run}"),
-    );
-    let admin = conn.create_channel().await.unwrap();
-    let auto = QueueDeclareOptions {
-        auto_delete: false,
-        ..QueueDeclareOptions::default()
-    };
-    for (x, kind) in [
-        (&work_x, ExchangeKind::Direct),
-        (&dlx, ExchangeKind::Fanout),
-        (&dead_x, ExchangeKind::Fanout),
-    ] {
+/// The names of one run: the consumers' exchange and queue (dead-lettering into `dlx`),
+/// the bridge's intake queue, the dead exchange and a queue bound to it, the redrive queue.
+struct Topology {
+    work_x: String,
+    work_q: String,
+    dlx: String,
+    intake: String,
+    dead_x: String,
+    dead_q: String,
+    queue: String,
+}
+
+impl Topology {
+    /// Declare what a user already has, plus the one change the bridge asks for: the work
+    /// queue's `x-dead-letter-exchange`.
+    async fn declare(admin: &Channel) -> Topology {
+        let run = format!("{:08x}", rand_u32());
+        let t = Topology {
+            work_x: format!("rt.work.{run}"),
+            work_q: format!("rt.work.{run}"),
+            dlx: format!("rt.dlx.{run}"),
+            intake: format!("rt.intake.{run}"),
+            dead_x: format!("rt.dead.{run}"),
+            dead_q: format!("rt.dead.{run}"),
+            queue: format!("rtq-{run}"),
+        };
+        for (x, kind) in [
+            (&t.work_x, ExchangeKind::Direct),
+            (&t.dlx, ExchangeKind::Fanout),
+            (&t.dead_x, ExchangeKind::Fanout),
+        ] {
+            admin
+                .exchange_declare(
+                    x,
+                    kind,
+                    ExchangeDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let mut args = FieldTable::default();
+        args.insert(
+            ShortString::from("x-dead-letter-exchange"),
+            AMQPValue::LongString(LongString::from(t.dlx.clone().into_bytes())),
+        );
         admin
-            .exchange_declare(
-                x,
-                kind,
-                ExchangeDeclareOptions::default(),
+            .queue_declare(&t.work_q, QueueDeclareOptions::default(), args)
+            .await
+            .unwrap();
+        admin
+            .queue_bind(
+                &t.work_q,
+                &t.work_x,
+                "job",
+                QueueBindOptions::default(),
                 FieldTable::default(),
             )
             .await
             .unwrap();
+        admin
+            .queue_declare(
+                &t.dead_q,
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        admin
+            .queue_bind(
+                &t.dead_q,
+                &t.dead_x,
+                "",
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        t
     }
-    // The consumers' queue dead-letters into the DLX: the only change a user makes.
-    let mut args = FieldTable::default();
-    args.insert(
-        ShortString::from("x-dead-letter-exchange"),
-        AMQPValue::LongString(LongString::from(dlx.clone().into_bytes())),
-    );
-    admin.queue_declare(&work_q, auto, args).await.unwrap();
-    admin
-        .queue_bind(
-            &work_q,
-            &work_x,
-            "job",
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    admin
-        .queue_declare(&dead_q, auto, FieldTable::default())
-        .await
-        .unwrap();
-    admin
-        .queue_bind(
-            &dead_q,
-            &dead_x,
-            "",
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
 
-    let s = TestServer::start(&format!(
-        r#"
+    /// A server with the bridge (4 attempts, 100 ms apart), connected.
+    async fn server(&self) -> TestServer {
+        let Topology {
+            intake,
+            queue,
+            dlx,
+            dead_x,
+            ..
+        } = self;
+        let s = TestServer::start(&format!(
+            r#"
 [bridges.rabbitmq.orders]
 url = "{URL}"
 intake_queue = "{intake}"
@@ -186,139 +211,216 @@ backoff = "fixed"
 initial_delay = "100ms"
 jitter = "none"
 "#
-    ))
-    .await;
-    // The bridge declares and binds its intake queue.
-    for _ in 0..500 {
-        let (_, b) = s.get("/v1/bridges").await;
-        if b["bridges"][0]["state"] == "connected" {
-            break;
+        ))
+        .await;
+        for _ in 0..500 {
+            let (_, b) = s.get("/v1/bridges").await;
+            if b["bridges"][0]["state"] == "connected" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        s
     }
 
+    /// Publish 10 messages `m-0` … `m-9` and one `doomed-1`, with a content type and a
+    /// header, as the application does.
+    async fn publish(&self, publisher: &Channel) -> Vec<String> {
+        let mut ids: Vec<String> = (0..10).map(|i| format!("m-{i}")).collect();
+        ids.push("doomed-1".to_owned());
+        for id in &ids {
+            let mut headers = FieldTable::default();
+            headers.insert(
+                ShortString::from("tenant"),
+                AMQPValue::LongString(LongString::from(b"t1".to_vec())),
+            );
+            let props = BasicProperties::default()
+                .with_message_id(ShortString::from(id.clone()))
+                .with_content_type(ShortString::from("text/plain"))
+                .with_headers(headers);
+            publisher
+                .basic_publish(
+                    &self.work_x,
+                    "job",
+                    BasicPublishOptions::default(),
+                    format!("body of {id}").as_bytes(),
+                    props,
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        ids
+    }
+
+    /// Check what the consumer saw and what redrive and the dead exchange hold.
+    async fn check(&self, s: &TestServer, admin: &Channel, seen: &HashMap<String, Vec<Seen>>) {
+        for i in 0..10 {
+            let id = format!("m-{i}");
+            let d = &seen[&id];
+            assert_eq!(d.len(), 3, "{id}: {d:?}");
+            assert_eq!(d.iter().filter(|x| x.acked).count(), 1, "{id}");
+            let retry_counts: Vec<_> = d.iter().map(|x| x.retry_count).collect();
+            assert_eq!(retry_counts, vec![None, Some(1), Some(2)], "{id}");
+            for x in d {
+                assert_eq!(x.body, format!("body of {id}"), "{id}: the body changed");
+                assert_eq!(x.content_type.as_deref(), Some("text/plain"), "{id}");
+                assert_eq!(x.tenant.as_deref(), Some("t1"), "{id}: a header was lost");
+            }
+        }
+        // The doomed one: 4 deliveries (max_attempts), then dead, with every attempt in its
+        // history, and on the dead exchange.
+        assert_eq!(seen["doomed-1"].len(), 4, "{:?}", seen["doomed-1"]);
+        let dead = loop {
+            let (_, page) = s
+                .get(&format!("/v1/messages?queue={}&state=dead", self.queue))
+                .await;
+            if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
+                break page["messages"][0].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
+        let full = s.message(dead["id"].as_str().unwrap()).await;
+        let failed = full["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["event"] == "failed")
+            .count();
+        assert_eq!(failed, 4, "{full}");
+        assert_eq!(full["payload"], json!("body of doomed-1"));
+        let got = loop {
+            if let Some(m) = admin
+                .basic_get(
+                    &self.dead_q,
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap()
+            {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&got.delivery.data),
+            "body of doomed-1"
+        );
+        assert_eq!(
+            header_str(&got.delivery.properties, "x-redrive-dead-reason").as_deref(),
+            Some("max_attempts")
+        );
+        // Redrive holds them all: 10 done, 1 dead, nothing leased.
+        let (_, q) = s.get(&format!("/v1/queues/{}", self.queue)).await;
+        assert_eq!(q["counts"]["done"], 10, "{q}");
+        assert_eq!(q["counts"]["dead"], 1, "{q}");
+        let (_, b) = s.get("/v1/bridges").await;
+        let b = &b["bridges"][0];
+        assert_eq!(b["intake"], 11, "{b}");
+        assert_eq!(b["returned"], 10 + 3, "{b}");
+        assert_eq!(b["dead"], 1, "{b}");
+    }
+
+    async fn delete(&self, admin: &Channel) {
+        for q in [&self.work_q, &self.dead_q, &self.intake] {
+            let _ = admin
+                .queue_delete(q, lapin::options::QueueDeleteOptions::default())
+                .await;
+        }
+        for x in [&self.work_x, &self.dlx, &self.dead_x] {
+            let _ = admin
+                .exchange_delete(x, lapin::options::ExchangeDeleteOptions::default())
+                .await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejecting_consumer_gets_its_messages_back_until_it_acks_and_the_exhausted_die() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server().await;
     let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
     let consume = conn.create_channel().await.unwrap();
-    tokio::spawn(consumer(consume, work_q.clone(), 2, seen.clone()));
-
-    let publisher = conn.create_channel().await.unwrap();
-    let mut ids: Vec<String> = (0..10).map(|i| format!("m-{i}")).collect();
-    ids.push("doomed-1".to_owned());
-    for id in &ids {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            ShortString::from("tenant"),
-            AMQPValue::LongString(LongString::from(b"t1".to_vec())),
-        );
-        let props = BasicProperties::default()
-            .with_message_id(ShortString::from(id.clone()))
-            .with_content_type(ShortString::from("text/plain"))
-            .with_headers(headers);
-        publisher
-            .basic_publish(
-                &work_x,
-                "job",
-                BasicPublishOptions::default(),
-                format!("body of {id}").as_bytes(),
-                props,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
-
-    // Every message but the doomed one is acked once, on its third delivery.
-    let acked = |seen: &HashMap<String, Vec<Seen>>| {
-        ids.iter()
-            .filter(|id| seen.get(*id).is_some_and(|v| v.iter().any(|d| d.acked)))
-            .count()
-    };
+    tokio::spawn(consumer(consume, t.work_q.clone(), 2, seen.clone()));
+    t.publish(&conn.create_channel().await.unwrap()).await;
+    // 10 × 3 deliveries, and 4 of the doomed one.
     for tries in 0.. {
-        if acked(&seen.lock().unwrap()) == 10 {
+        let n: usize = seen.lock().unwrap().values().map(Vec::len).sum();
+        if n >= 34 {
             break;
         }
-        assert!(tries < 1_500, "not all acked: {:?}", seen.lock().unwrap());
+        assert!(
+            tries < 1_500,
+            "only {n} deliveries: {:?}",
+            seen.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let dead = loop {
-        let (_, page) = s
-            .get(&format!("/v1/messages?queue={queue}&state=dead"))
-            .await;
-        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
-            break page["messages"][0].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
     let snapshot = seen.lock().unwrap().clone();
-    for id in ids.iter().take(10) {
-        let d = &snapshot[id];
-        assert_eq!(d.len(), 3, "{id}: {d:?}");
-        assert_eq!(d.iter().filter(|x| x.acked).count(), 1, "{id}");
-        let retry_counts: Vec<_> = d.iter().map(|x| x.retry_count).collect();
-        assert_eq!(retry_counts, vec![None, Some(1), Some(2)], "{id}");
-        for x in d {
-            assert_eq!(x.body, format!("body of {id}"), "{id}: the body changed");
-            assert_eq!(x.content_type.as_deref(), Some("text/plain"), "{id}");
-            assert_eq!(x.tenant.as_deref(), Some("t1"), "{id}: a header was lost");
-        }
-    }
-    // The doomed one: 4 deliveries (max_attempts), then dead, with every attempt in its
-    // history, and on the dead exchange.
-    assert_eq!(snapshot["doomed-1"].len(), 4, "{:?}", snapshot["doomed-1"]);
-    assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
-    let full = s.message(dead["id"].as_str().unwrap()).await;
-    let failed = full["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h["event"] == "failed")
-        .count();
-    assert_eq!(failed, 4, "{full}");
-    assert_eq!(full["payload"], json!("body of doomed-1"));
-    let got = loop {
-        if let Some(m) = admin
-            .basic_get(&dead_q, lapin::options::BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            break m;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(
-        String::from_utf8_lossy(&got.delivery.data),
-        "body of doomed-1"
-    );
-    assert_eq!(
-        header_str(&got.delivery.properties, "x-redrive-dead-reason").as_deref(),
-        Some("max_attempts")
-    );
-    // Redrive holds them all: 10 done, 1 dead, nothing leased.
-    let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
-    assert_eq!(q["counts"]["done"], 10, "{q}");
-    assert_eq!(q["counts"]["dead"], 1, "{q}");
-    let (_, b) = s.get("/v1/bridges").await;
-    let b = &b["bridges"][0];
-    assert_eq!(b["intake"], 11, "{b}");
-    assert_eq!(b["returned"], 10 + 3, "{b}");
-    assert_eq!(b["dead"], 1, "{b}");
+    t.check(&s, &admin, &snapshot).await;
     // The bridge is the queue's only consumer.
     let got = s
-        .post(&format!("/v1/queues/{queue}/leases"), json!({}))
+        .post(&format!("/v1/queues/{}/leases", t.queue), json!({}))
         .await;
     assert_error(&got, 409, "bridge_queue");
     s.stop().await;
-    for q in [&work_q, &dead_q, &intake] {
-        let _ = admin
-            .queue_delete(q, lapin::options::QueueDeleteOptions::default())
-            .await;
+    t.delete(&admin).await;
+}
+
+/// The same with the seeds' own tool: an unchanged php-amqplib consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_php_consumer_gets_retries_and_dead_letters() {
+    let php = std::process::Command::new("php")
+        .args(["-r", "require_once 'PhpAmqpLib/autoload.php'; echo 'ok';"])
+        .output();
+    if !php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
+        assert!(
+            std::env::var("CI").is_err(),
+            "php with php-amqplib is needed under CI: {php:?}"
+        );
+        eprintln!("skipped: php-cli and php-amqplib are not installed");
+        return;
     }
-    for x in [&work_x, &dlx, &dead_x] {
-        let _ = admin
-            .exchange_delete(x, lapin::options::ExchangeDeleteOptions::default())
-            .await;
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server().await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/php/amqp_consumer.php"
+    );
+    let consumer = tokio::process::Command::new("php")
+        .args([script, &t.work_q, "2", "34"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the PHP consumer");
+    t.publish(&conn.create_channel().await.unwrap()).await;
+    let out = tokio::time::timeout(Duration::from_secs(60), consumer.wait_with_output())
+        .await
+        .expect("the PHP consumer did not see its 34 deliveries in 60 s")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut seen: HashMap<String, Vec<Seen>> = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
+        seen.entry(v["id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(Seen {
+                body: v["body"].as_str().unwrap().to_owned(),
+                retry_count: v["retry_count"].as_i64(),
+                content_type: v["content_type"].as_str().map(str::to_owned),
+                tenant: v["tenant"].as_str().map(str::to_owned),
+                acked: v["acked"].as_bool().unwrap(),
+            });
     }
+    t.check(&s, &admin, &seen).await;
+    s.stop().await;
+    t.delete(&admin).await;
 }
 
 fn rand_u32() -> u32 {
