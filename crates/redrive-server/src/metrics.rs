@@ -70,6 +70,17 @@ struct EndpointStateLabels {
     state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BridgeLabel {
+    bridge: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BridgeEventLabels {
+    bridge: String,
+    event: &'static str,
+}
+
 /// One endpoint's state for the gauges, read at scrape time.
 #[derive(Debug, Clone)]
 pub struct EndpointGauges {
@@ -117,6 +128,8 @@ pub struct Metrics {
     endpoint_pace: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
     endpoint_parked: Family<EndpointLabel, Gauge>,
     endpoint_opened: Family<EndpointLabel, Gauge>,
+    bridge_connected: Family<BridgeLabel, Gauge>,
+    bridge_events: Family<BridgeEventLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -308,6 +321,18 @@ impl Metrics {
             "Times an endpoint's breaker opened since start",
             endpoint_opened.clone(),
         );
+        let bridge_connected = Family::<BridgeLabel, Gauge>::default();
+        registry.register(
+            "redrive_bridge_connected",
+            "1 while a bridge is connected to its broker, 0 while it (re)connects",
+            bridge_connected.clone(),
+        );
+        let bridge_events = Family::<BridgeEventLabels, Gauge>::default();
+        registry.register(
+            "redrive_bridge_events",
+            "Bridge events since start, by kind: intake, duplicates, returned, republished, republish_refused, dead, connects",
+            bridge_events.clone(),
+        );
         Self {
             registry,
             published,
@@ -335,6 +360,27 @@ impl Metrics {
             endpoint_pace,
             endpoint_parked,
             endpoint_opened,
+            bridge_connected,
+            bridge_events,
+        }
+    }
+
+    /// Refresh the bridge gauges (at scrape time) from `(bridge, connected, [(event, count)])`.
+    pub fn set_bridges(&self, bridges: &[(String, bool, Vec<(&'static str, u64)>)]) {
+        for (bridge, connected, events) in bridges {
+            self.bridge_connected
+                .get_or_create(&BridgeLabel {
+                    bridge: bridge.clone(),
+                })
+                .set(i64::from(*connected));
+            for (event, n) in events {
+                self.bridge_events
+                    .get_or_create(&BridgeEventLabels {
+                        bridge: bridge.clone(),
+                        event,
+                    })
+                    .set((*n).min(i64::MAX as u64) as i64);
+            }
         }
     }
 

@@ -40,6 +40,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, Api
     let stats = s.engine.store().queue_stats().await?;
     s.metrics.set_log_stats(&s.engine.store().commit_stats());
     s.metrics.set_endpoints(&s.engine.push().gauges());
+    s.metrics.set_bridges(&s.engine.bridges().gauges());
     let body = s.metrics.render(&stats, s.engine.clock().now().as_millis());
     Ok((
         [(

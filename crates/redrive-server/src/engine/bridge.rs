@@ -210,6 +210,25 @@ impl Bridges {
     pub fn views(&self) -> Vec<BridgeView> {
         self.list.iter().map(|b| b.view()).collect()
     }
+
+    /// Every bridge's state and counters, for the metrics.
+    pub fn gauges(&self) -> Vec<(String, bool, Vec<(&'static str, u64)>)> {
+        self.views()
+            .into_iter()
+            .map(|v| {
+                let events = vec![
+                    ("intake", v.intake),
+                    ("duplicates", v.duplicates),
+                    ("returned", v.returned),
+                    ("republished", v.republished),
+                    ("republish_refused", v.republish_refused),
+                    ("dead", v.dead),
+                    ("connects", v.connects),
+                ];
+                (v.name, v.state == "connected", events)
+            })
+            .collect()
+    }
 }
 
 /// Start one task per bridge.

@@ -321,6 +321,15 @@ jitter = "none"
         assert_eq!(b["intake"], 11, "{b}");
         assert_eq!(b["returned"], 10 + 3, "{b}");
         assert_eq!(b["dead"], 1, "{b}");
+        let metrics = s.get_text("/metrics").await.1;
+        assert!(
+            metrics.contains("redrive_bridge_events{bridge=\"orders\",event=\"returned\"} 13"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("redrive_bridge_connected{bridge=\"orders\"} 1"),
+            "{metrics}"
+        );
     }
 
     async fn delete(&self, admin: &Channel) {

@@ -1,0 +1,264 @@
+//! The RabbitMQ bridge through a broker restart (`rabbitmqctl stop_app` / `start_app` on the
+//! local RabbitMQ): the bridge reconnects, and every message the consumer rejected before
+//! the restart comes back after it and is acked once. Its own test binary, so that no other
+//! test uses the broker while it restarts. Skipped when RabbitMQ or rabbitmqctl is missing,
+//! except under `CI=true`.
+
+#[allow(dead_code)]
+#[path = "it/harness.rs"]
+mod harness;
+
+use futures_util::StreamExt;
+use harness::TestServer;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+async fn connect() -> Option<Connection> {
+    Connection::connect(URL, ConnectionProperties::default())
+        .await
+        .ok()
+}
+
+/// The consumer: rejects the first delivery of each message id, acks the next; counts
+/// every delivery. Returns when its connection dies.
+async fn consume(queue: String, seen: Arc<Mutex<HashMap<String, (u32, u32)>>>) {
+    let Some(conn) = connect().await else { return };
+    let Ok(ch) = conn.create_channel().await else {
+        return;
+    };
+    let Ok(mut c) = ch
+        .basic_consume(
+            &queue,
+            "restart-test",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    else {
+        return;
+    };
+    while let Some(Ok(d)) = c.next().await {
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        let first = {
+            let mut seen = seen.lock().unwrap();
+            let e = seen.entry(id).or_default();
+            e.0 += 1;
+            e.0 == 1
+        };
+        if first {
+            let _ = d.acker.reject(BasicRejectOptions { requeue: false }).await;
+        } else if d.acker.ack(BasicAckOptions::default()).await.is_ok() {
+            let id = d
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.as_str().to_owned());
+            if let Some(id) = id {
+                seen.lock().unwrap().entry(id).or_default().1 += 1;
+            }
+        }
+    }
+}
+
+/// The bridge as `GET /v1/bridges` shows it.
+async fn bridge(s: &TestServer) -> serde_json::Value {
+    s.get("/v1/bridges").await.1["bridges"][0].clone()
+}
+
+fn rabbitmqctl(args: &[&str]) -> bool {
+    Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_survives_a_broker_restart_and_loses_nothing() {
+    let Some(conn) = connect().await else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "RabbitMQ is not reachable at {URL} under CI"
+        );
+        eprintln!("skipped: RabbitMQ is not reachable");
+        return;
+    };
+    if !rabbitmqctl(&["status"]) {
+        assert!(
+            std::env::var("CI").is_err(),
+            "rabbitmqctl does not work under CI"
+        );
+        eprintln!("skipped: rabbitmqctl does not work here");
+        return;
+    }
+    let run = format!(
+        "{:08x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let (work, dlx, intake, queue) = (
+        format!("rr.work.{run}"),
+        format!("rr.dlx.{run}"),
+        format!("rr.intake.{run}"),
+        format!("rrq-{run}"),
+    );
+    // Durable, and persistent messages: what a restart must not lose.
+    let admin = conn.create_channel().await.unwrap();
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    admin
+        .exchange_declare(&work, ExchangeKind::Direct, durable, FieldTable::default())
+        .await
+        .unwrap();
+    admin
+        .exchange_declare(&dlx, ExchangeKind::Fanout, durable, FieldTable::default())
+        .await
+        .unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString(LongString::from(dlx.clone().into_bytes())),
+    );
+    let durable_q = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    admin.queue_declare(&work, durable_q, args).await.unwrap();
+    admin
+        .queue_bind(
+            &work,
+            &work,
+            "job",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    // Retries 3 s after the first rejection: after the restart.
+    let s = TestServer::start(&format!(
+        r#"
+[bridges.rabbitmq.restart]
+url = "{URL}"
+intake_queue = "{intake}"
+queue = "{queue}"
+dead_letter_exchange = "{dlx}"
+[queues."{queue}".retry]
+max_attempts = 100
+backoff = "fixed"
+initial_delay = "3s"
+jitter = "none"
+"#
+    ))
+    .await;
+    for _ in 0..500 {
+        if bridge(&s).await["state"] == "connected" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen: Arc<Mutex<HashMap<String, (u32, u32)>>> = Arc::default();
+    tokio::spawn(consume(work.clone(), seen.clone()));
+    let publisher = conn.create_channel().await.unwrap();
+    const N: u32 = 20;
+    for i in 0..N {
+        let props = BasicProperties::default()
+            .with_message_id(ShortString::from(format!("r-{i}")))
+            .with_delivery_mode(2);
+        publisher
+            .basic_publish(
+                &work,
+                "job",
+                BasicPublishOptions::default(),
+                b"payload",
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    // All rejected once and stored in redrive, due in 3 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bridge(&s).await["intake"] != N {
+        assert!(
+            Instant::now() < deadline,
+            "not all taken in: {}",
+            bridge(&s).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rabbitmqctl(&["stop_app"]), "rabbitmqctl stop_app failed");
+    assert!(rabbitmqctl(&["start_app"]), "rabbitmqctl start_app failed");
+    // The test's consumer reconnects like any client would.
+    let consumer_seen = seen.clone();
+    let work_q = work.clone();
+    tokio::spawn(async move {
+        loop {
+            consume(work_q.clone(), consumer_seen.clone()).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let acked: u32 = seen.lock().unwrap().values().map(|v| v.1).sum();
+        let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
+        if acked >= N && q["counts"]["done"] == N {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the restart: acked {acked} of {N}, queue {q}, bridge {}",
+            bridge(&s).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    let lost = (0..N)
+        .filter(|i| seen.get(&format!("r-{i}")).is_none_or(|v| v.1 == 0))
+        .count();
+    let acked_twice = seen.values().filter(|v| v.1 > 1).count();
+    let b = bridge(&s).await;
+    println!(
+        "broker restart test: messages={N} lost={lost} acked_twice={acked_twice} bridge_connects={} returned={} duplicates={}",
+        b["connects"], b["returned"], b["duplicates"]
+    );
+    assert_eq!(lost, 0, "{seen:?}");
+    assert_eq!(acked_twice, 0, "{seen:?}");
+    assert!(
+        b["connects"].as_u64().unwrap() >= 2,
+        "the bridge did not reconnect: {b}"
+    );
+    s.stop().await;
+    if let Some(conn) = connect().await {
+        if let Ok(admin) = conn.create_channel().await {
+            for q in [&work, &intake] {
+                let _ = admin
+                    .queue_delete(q, lapin::options::QueueDeleteOptions::default())
+                    .await;
+            }
+            for x in [&work, &dlx] {
+                let _ = admin
+                    .exchange_delete(x, lapin::options::ExchangeDeleteOptions::default())
+                    .await;
+            }
+        }
+    }
+}
