@@ -81,6 +81,17 @@ struct BridgeEventLabels {
     event: &'static str,
 }
 
+/// One bridge's state for the gauges, read at scrape time.
+#[derive(Debug, Clone)]
+pub struct BridgeGauges {
+    /// The bridge's name (from the configuration: a bounded label).
+    pub bridge: String,
+    /// Connected to its broker now.
+    pub connected: bool,
+    /// Events since start, by kind.
+    pub events: Vec<(&'static str, u64)>,
+}
+
 /// One endpoint's state for the gauges, read at scrape time.
 #[derive(Debug, Clone)]
 pub struct EndpointGauges {
@@ -365,9 +376,14 @@ impl Metrics {
         }
     }
 
-    /// Refresh the bridge gauges (at scrape time) from `(bridge, connected, [(event, count)])`.
-    pub fn set_bridges(&self, bridges: &[(String, bool, Vec<(&'static str, u64)>)]) {
-        for (bridge, connected, events) in bridges {
+    /// Refresh the bridge gauges (at scrape time).
+    pub fn set_bridges(&self, bridges: &[BridgeGauges]) {
+        for BridgeGauges {
+            bridge,
+            connected,
+            events,
+        } in bridges
+        {
             self.bridge_connected
                 .get_or_create(&BridgeLabel {
                     bridge: bridge.clone(),

@@ -212,7 +212,7 @@ impl Bridges {
     }
 
     /// Every bridge's state and counters, for the metrics.
-    pub fn gauges(&self) -> Vec<(String, bool, Vec<(&'static str, u64)>)> {
+    pub fn gauges(&self) -> Vec<crate::metrics::BridgeGauges> {
         self.views()
             .into_iter()
             .map(|v| {
@@ -225,7 +225,11 @@ impl Bridges {
                     ("dead", v.dead),
                     ("connects", v.connects),
                 ];
-                (v.name, v.state == "connected", events)
+                crate::metrics::BridgeGauges {
+                    connected: v.state == "connected",
+                    bridge: v.name,
+                    events,
+                }
             })
             .collect()
     }
