@@ -209,8 +209,9 @@ pub struct RabbitBridgeConfig {
     /// Declare the intake queue (durable) and bind it to `dead_letter_exchange`.
     #[serde(default = "yes")]
     pub declare: bool,
-    /// The exchange the consumers' queue dead-letters into (its `x-dead-letter-exchange`),
-    /// which `declare` binds the intake queue to. The exchange itself must exist.
+    /// The exchange the consumers' queue dead-letters into (its `x-dead-letter-exchange`,
+    /// or a policy's `dead-letter-exchange`), which `declare` binds the intake queue to
+    /// (and declares, fanout and durable, when it does not exist).
     #[serde(default)]
     pub dead_letter_exchange: String,
     /// The intake queue's binding key (with `declare`).

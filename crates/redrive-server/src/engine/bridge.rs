@@ -35,11 +35,11 @@ use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
 use redrive_storage::{Ack, LeaseRef, Release, Returned, StoreError};
 use serde::Serialize;
@@ -79,7 +79,8 @@ pub struct RabbitSettings {
     pub queue: String,
     /// Exhausted messages are also published here, when set.
     pub dead_exchange: Option<String>,
-    /// Declare the intake queue (durable) and bind it to `dead_letter_exchange`.
+    /// Declare the intake queue (durable), the dead-letter exchange when it does not exist
+    /// (fanout, durable), and the binding between them.
     pub declare: bool,
     /// The consumers' dead-letter exchange (with `declare`).
     pub dead_letter_exchange: Option<String>,
@@ -306,6 +307,34 @@ async fn session(
             .await
             .map_err(err)?;
         if let Some(dlx) = &s.dead_letter_exchange {
+            // The dead-letter exchange: used as it is when it exists (whatever its type),
+            // declared (fanout, durable) when it does not. A passive declare of a missing
+            // exchange closes its channel, hence a throwaway one.
+            let probe = conn.create_channel().await.map_err(err)?;
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let exists = probe
+                .exchange_declare(dlx, ExchangeKind::Fanout, passive, FieldTable::default())
+                .await
+                .is_ok();
+            if exists {
+                let _ = probe.close(200, "probed").await;
+            } else {
+                intake
+                    .exchange_declare(
+                        dlx,
+                        ExchangeKind::Fanout,
+                        ExchangeDeclareOptions {
+                            durable: true,
+                            ..ExchangeDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(err)?;
+            }
             intake
                 .queue_bind(
                     &s.intake_queue,
