@@ -4,7 +4,7 @@
 //! repository root. A bad key or value is refused at start with an error that
 //! names it (`deny_unknown_fields` everywhere).
 
-use crate::engine::bridge::RabbitSettings;
+use crate::engine::bridge::{BridgeSettings, RabbitSettings, RedisSettings};
 use crate::engine::push::{PushConfig, PushSettings};
 use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::{
@@ -191,6 +191,29 @@ pub struct PushRuleConfig {
 pub struct BridgesConfig {
     /// `[bridges.rabbitmq.NAME]`.
     pub rabbitmq: BTreeMap<String, RabbitBridgeConfig>,
+    /// `[bridges.redis_streams.NAME]`.
+    pub redis_streams: BTreeMap<String, RedisBridgeConfig>,
+}
+
+/// One `[bridges.redis_streams.NAME]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisBridgeConfig {
+    /// `redis://host:port[/db]`.
+    pub url: String,
+    /// The stream its consumers read.
+    pub stream: String,
+    /// Their consumer group (it must exist: `XGROUP CREATE`).
+    pub group: String,
+    /// A pending entry idle this long has failed.
+    #[serde(default = "min_idle")]
+    pub min_idle: DurationMs,
+    /// The redrive queue that holds the entries; its retry policy applies.
+    pub queue: String,
+}
+
+fn min_idle() -> DurationMs {
+    DurationMs(30_000)
 }
 
 /// One `[bridges.rabbitmq.NAME]` section.
@@ -606,8 +629,32 @@ impl Config {
     }
 
     /// The bridges' settings, checked (the error names the key).
-    pub fn bridge_settings(&self) -> Result<Vec<RabbitSettings>, ConfigError> {
-        let mut out: Vec<RabbitSettings> = Vec::new();
+    pub fn bridge_settings(&self) -> Result<Vec<BridgeSettings>, ConfigError> {
+        let mut out: Vec<BridgeSettings> = Vec::new();
+        // A redrive queue has one deliverer: a pull queue's consumers, push, or one bridge.
+        let check_queue = |out: &[BridgeSettings], key: String, queue: &str| {
+            let val = |reason: String| ConfigError::Value {
+                key: key.clone(),
+                reason,
+            };
+            redrive_core::validate_queue_name(queue).map_err(|e| val(e.to_string()))?;
+            if self
+                .queues
+                .get(queue)
+                .is_some_and(|q| q.delivery == Some(Delivery::Push))
+            {
+                return Err(val(
+                    "is a push queue; a bridge's queue is delivered by the bridge".into(),
+                ));
+            }
+            if let Some(other) = out.iter().find(|o| o.queue() == queue) {
+                return Err(val(format!(
+                    "is already the queue of bridge {}",
+                    other.name()
+                )));
+            }
+            Ok(())
+        };
         for (name, b) in &self.bridges.rabbitmq {
             let key = |k: &str| format!("bridges.rabbitmq.{name}.{k}");
             let val = |k: &str, reason: &str| ConfigError::Value {
@@ -626,24 +673,7 @@ impl Config {
                     "must name the RabbitMQ queue to consume",
                 ));
             }
-            redrive_core::validate_queue_name(&b.queue)
-                .map_err(|e| val("queue", &e.to_string()))?;
-            if self
-                .queues
-                .get(&b.queue)
-                .is_some_and(|q| q.delivery == Some(Delivery::Push))
-            {
-                return Err(val(
-                    "queue",
-                    "is a push queue; a bridge's queue is delivered by the bridge",
-                ));
-            }
-            if let Some(other) = out.iter().find(|o| o.queue == b.queue) {
-                return Err(val(
-                    "queue",
-                    &format!("is already the queue of bridge {}", other.name),
-                ));
-            }
+            check_queue(&out, key("queue"), &b.queue)?;
             if b.declare && b.dead_letter_exchange.is_empty() {
                 return Err(val(
                     "dead_letter_exchange",
@@ -654,7 +684,7 @@ impl Config {
                 return Err(val("prefetch", "must be at least 1"));
             }
             let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-            out.push(RabbitSettings {
+            out.push(BridgeSettings::Rabbit(RabbitSettings {
                 name: name.clone(),
                 url: b.url.clone(),
                 intake_queue: b.intake_queue.clone(),
@@ -664,7 +694,38 @@ impl Config {
                 dead_letter_exchange: opt(&b.dead_letter_exchange),
                 binding_key: b.binding_key.clone(),
                 prefetch: b.prefetch,
-            });
+            }));
+        }
+        for (name, b) in &self.bridges.redis_streams {
+            let key = |k: &str| format!("bridges.redis_streams.{name}.{k}");
+            let val = |k: &str, reason: &str| ConfigError::Value {
+                key: key(k),
+                reason: reason.to_owned(),
+            };
+            if !b.url.starts_with("redis://") {
+                return Err(val(
+                    "url",
+                    "must be a redis:// URL, e.g. \"redis://127.0.0.1:6379\"",
+                ));
+            }
+            if b.stream.is_empty() {
+                return Err(val("stream", "must name the stream"));
+            }
+            if b.group.is_empty() {
+                return Err(val("group", "must name the consumer group"));
+            }
+            if b.min_idle.ms() == 0 {
+                return Err(val("min_idle", "must be above 0s"));
+            }
+            check_queue(&out, key("queue"), &b.queue)?;
+            out.push(BridgeSettings::RedisStreams(RedisSettings {
+                name: name.clone(),
+                url: b.url.clone(),
+                stream: b.stream.clone(),
+                group: b.group.clone(),
+                min_idle_ms: b.min_idle.ms(),
+                queue: b.queue.clone(),
+            }));
         }
         Ok(out)
     }

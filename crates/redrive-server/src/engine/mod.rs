@@ -47,8 +47,8 @@ pub struct EngineConfig {
     pub purge_interval_ms: u64,
     /// Push delivery: the push queues and the SSRF guard.
     pub push: push::PushConfig,
-    /// RabbitMQ bridges.
-    pub bridges: Vec<bridge::RabbitSettings>,
+    /// Bridges (RabbitMQ, Redis Streams).
+    pub bridges: Vec<bridge::BridgeSettings>,
 }
 
 impl Default for EngineConfig {

@@ -438,3 +438,234 @@ fn rand_u32() -> u32 {
         .unwrap();
     t.subsec_nanos() ^ std::process::id()
 }
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+async fn redis_conn() -> Option<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(REDIS).ok()?;
+    match client.get_multiplexed_tokio_connection().await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "Redis is not reachable at {REDIS} under CI: {e}"
+            );
+            eprintln!("skipped: Redis is not reachable: {e}");
+            None
+        }
+    }
+}
+
+fn php_has(check: &str) -> bool {
+    let php = std::process::Command::new("php")
+        .args(["-r", check])
+        .output();
+    if php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "php is needed under CI: {php:?}"
+    );
+    eprintln!("skipped: php ({check}) is not available");
+    false
+}
+
+async fn redis_server(stream: &str, queue: &str) -> TestServer {
+    TestServer::start(&format!(
+        r#"
+[bridges.redis_streams.payments]
+url = "{REDIS}"
+stream = "{stream}"
+group = "workers"
+min_idle = "200ms"
+queue = "{queue}"
+[queues."{queue}".retry]
+max_attempts = 4
+backoff = "fixed"
+initial_delay = "100ms"
+jitter = "none"
+"#
+    ))
+    .await
+}
+
+/// The Redis Streams bridge with the seeds' other tool: an unchanged php-redis consumer that
+/// leaves the first 2 reads of each order unacked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_php_redis_consumer_gets_retries_and_dead_letters() {
+    if !php_has("echo class_exists('Redis') ? 'ok' : 'no';") {
+        return;
+    }
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs.{run}"), format!("rsq-{run}"));
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("workers")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let s = redis_server(&stream, &queue).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/php/redis_consumer.php"
+    );
+    let consumer = tokio::process::Command::new("php")
+        .args([script, &stream, "workers", "2", "34"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the PHP consumer");
+    let mut orders: Vec<String> = (0..10).map(|i| format!("m-{i}")).collect();
+    orders.push("doomed-1".to_owned());
+    for (i, o) in orders.iter().enumerate() {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("order")
+            .arg(o)
+            .arg("amount")
+            .arg(i * 100)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), consumer.wait_with_output())
+        .await
+        .expect("the PHP consumer did not see its 34 reads in 60 s")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut reads: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
+        reads
+            .entry(v["id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(v);
+    }
+    for (i, o) in orders.iter().take(10).enumerate() {
+        let rs = &reads[o];
+        assert_eq!(rs.len(), 3, "{o}: {rs:?}");
+        assert_eq!(rs.iter().filter(|v| v["acked"] == true).count(), 1, "{o}");
+        let counts: Vec<_> = rs
+            .iter()
+            .map(|v| {
+                v["fields"]["redrive-retry-count"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            vec![None, Some("1".to_owned()), Some("2".to_owned())],
+            "{o}"
+        );
+        for v in rs {
+            assert_eq!(
+                v["fields"]["amount"],
+                (i * 100).to_string(),
+                "{o}: a field changed"
+            );
+        }
+    }
+    assert_eq!(reads["doomed-1"].len(), 4, "{:?}", reads["doomed-1"]);
+    // Dead in redrive with every attempt, and on <stream>:dead.
+    let dead = loop {
+        let (_, page) = s
+            .get(&format!("/v1/messages?queue={queue}&state=dead"))
+            .await;
+        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
+            break page["messages"][0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
+    let full = s.message(dead["id"].as_str().unwrap()).await;
+    let failed = full["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["event"] == "failed")
+        .count();
+    assert_eq!(failed, 4, "{full}");
+    assert_eq!(full["payload"]["order"], "doomed-1", "{full}");
+    let dead_len: i64 = loop {
+        let n: i64 = redis::cmd("XLEN")
+            .arg(format!("{stream}:dead"))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        if n > 0 {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(dead_len, 1);
+    let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
+    assert_eq!(q["counts"]["done"], 10, "{q}");
+    assert_eq!(q["counts"]["dead"], 1, "{q}");
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["kind"], "redis_streams", "{b}");
+    assert_eq!(b["intake"], 11, "{b}");
+    assert_eq!(b["returned"], 10 + 3, "{b}");
+    s.stop().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(format!("{stream}:dead"))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+}
+
+/// A stream without the group (or one deleted later) is reported and retried, not fatal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_group_is_reported_and_the_bridge_connects_once_it_exists() {
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs.nogroup.{run}"), format!("rsq-ng-{run}"));
+    let s = redis_server(&stream, &queue).await;
+    let bridge = loop {
+        let (_, b) = s.get("/v1/bridges").await;
+        let b = b["bridges"][0].clone();
+        if b["state"] == "reconnecting" {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        bridge["last_error"].as_str().unwrap().contains("NOGROUP"),
+        "{bridge}"
+    );
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&stream)
+        .arg("workers")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    for tries in 0.. {
+        let (_, b) = s.get("/v1/bridges").await;
+        if b["bridges"][0]["state"] == "connected" {
+            break;
+        }
+        assert!(tries < 1_000, "never connected: {b}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+}

@@ -1,4 +1,4 @@
-//! RabbitMQ bridges (SPEC §11, issue 8): redrive behind a RabbitMQ work queue whose
+//! The RabbitMQ bridge (SPEC §11): redrive behind a RabbitMQ work queue whose
 //! consumers reject (`requeue = false`) what they cannot process.
 //!
 //! The consumers' queue dead-letters into an exchange (`x-dead-letter-exchange`); the
@@ -23,14 +23,14 @@
 //! publish is tried again. A message the policy kills is dead in redrive (searchable,
 //! redrivable) and, with `dead_exchange`, published there too.
 //!
-//! Connection loss: the bridge reconnects with backoff (1 s doubling to 30 s), declares
-//! again, and resumes; unacked intake deliveries are redelivered by RabbitMQ and
-//! deduplicated.
+//! Connection loss: the bridge reconnects (see the module above), declares again, and
+//! resumes; unacked intake deliveries are redelivered by RabbitMQ and deduplicated.
 //!
 //! [`Store::returned`]: redrive_storage::Store::returned
 //! [`Store::release`]: redrive_storage::Store::release
 
-use super::Engine;
+use super::{base64_decode, base64_encode, err, fnv1a, Bridge};
+use crate::engine::Engine;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -42,13 +42,11 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
 use redrive_storage::{Ack, LeaseRef, Release, Returned, StoreError};
-use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// A lease of a republish lasts this long (the publish and its confirm).
 const REPUBLISH_LEASE_MS: u64 = 60_000;
@@ -56,9 +54,6 @@ const REPUBLISH_LEASE_MS: u64 = 60_000;
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 /// After a nacked or unroutable republish, the message is due again this much later.
 const REPUBLISH_RETRY_MS: u64 = 1_000;
-/// Reconnect backoff bounds.
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Stored headers of a bridged message.
 const H_EXCHANGE: &str = "amqp-exchange";
@@ -90,201 +85,15 @@ pub struct RabbitSettings {
     pub prefetch: u16,
 }
 
-/// Counters of a bridge, for `GET /v1/bridges`.
-#[derive(Debug, Default)]
-struct Counters {
-    intake: AtomicU64,
-    duplicates: AtomicU64,
-    returned: AtomicU64,
-    republished: AtomicU64,
-    republish_refused: AtomicU64,
-    dead: AtomicU64,
-    connects: AtomicU64,
-}
-
-/// One bridge: settings, state, counters.
-#[derive(Debug)]
-pub struct Bridge {
-    settings: RabbitSettings,
-    state: Mutex<(String, Option<String>)>,
-    counters: Counters,
-}
-
-/// What `GET /v1/bridges` shows of a bridge.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct BridgeView {
-    /// Its name.
-    pub name: String,
-    /// `rabbitmq`.
-    pub kind: &'static str,
-    /// The redrive queue.
-    pub queue: String,
-    /// The RabbitMQ queue it consumes.
-    pub intake_queue: String,
-    /// `connecting`, `connected` or `reconnecting`.
-    pub state: String,
-    /// Why it is reconnecting, if it is.
-    pub last_error: Option<String>,
-    /// New failures stored.
-    pub intake: u64,
-    /// Intake deliveries already stored (redelivered by RabbitMQ after a crash): acked only.
-    pub duplicates: u64,
-    /// Republished copies that came back failed.
-    pub returned: u64,
-    /// Republishes confirmed by the broker.
-    pub republished: u64,
-    /// Republishes the broker nacked or could not route (tried again).
-    pub republish_refused: u64,
-    /// Exhausted messages (dead in redrive).
-    pub dead: u64,
-    /// Connections made.
-    pub connects: u64,
-}
-
-impl Bridge {
-    fn set_state(&self, state: &str, error: Option<String>) {
-        *self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = (state.to_owned(), error);
-    }
-
-    /// The bridge as the API shows it.
-    pub fn view(&self) -> BridgeView {
-        let (state, last_error) = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let c = &self.counters;
-        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        BridgeView {
-            name: self.settings.name.clone(),
-            kind: "rabbitmq",
-            queue: self.settings.queue.clone(),
-            intake_queue: self.settings.intake_queue.clone(),
-            state,
-            last_error,
-            intake: n(&c.intake),
-            duplicates: n(&c.duplicates),
-            returned: n(&c.returned),
-            republished: n(&c.republished),
-            republish_refused: n(&c.republish_refused),
-            dead: n(&c.dead),
-            connects: n(&c.connects),
-        }
-    }
-}
-
-/// Every bridge.
-#[derive(Debug, Default)]
-pub struct Bridges {
-    list: Vec<Arc<Bridge>>,
-}
-
-impl Bridges {
-    /// The bridges of the configuration.
-    pub fn new(settings: &[RabbitSettings]) -> Self {
-        Self {
-            list: settings
-                .iter()
-                .map(|s| {
-                    Arc::new(Bridge {
-                        settings: s.clone(),
-                        state: Mutex::new(("connecting".to_owned(), None)),
-                        counters: Counters::default(),
-                    })
-                })
-                .collect(),
-        }
-    }
-
-    /// Whether a bridge delivers `queue` (it is then the queue's only consumer).
-    pub fn serves(&self, queue: &str) -> Option<&str> {
-        self.list
-            .iter()
-            .find(|b| b.settings.queue == queue)
-            .map(|b| b.settings.name.as_str())
-    }
-
-    /// Every bridge as the API shows it.
-    pub fn views(&self) -> Vec<BridgeView> {
-        self.list.iter().map(|b| b.view()).collect()
-    }
-
-    /// Every bridge's state and counters, for the metrics.
-    pub fn gauges(&self) -> Vec<crate::metrics::BridgeGauges> {
-        self.views()
-            .into_iter()
-            .map(|v| {
-                let events = vec![
-                    ("intake", v.intake),
-                    ("duplicates", v.duplicates),
-                    ("returned", v.returned),
-                    ("republished", v.republished),
-                    ("republish_refused", v.republish_refused),
-                    ("dead", v.dead),
-                    ("connects", v.connects),
-                ];
-                crate::metrics::BridgeGauges {
-                    connected: v.state == "connected",
-                    bridge: v.name,
-                    events,
-                }
-            })
-            .collect()
-    }
-}
-
-/// Start one task per bridge.
-pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
-    engine
-        .bridges()
-        .list
-        .iter()
-        .map(|b| tokio::spawn(run(engine.clone(), b.clone(), stop.clone())))
-        .collect()
-}
-
-/// Connect, serve, reconnect with backoff, until `stop`.
-async fn run(engine: Arc<Engine>, bridge: Arc<Bridge>, mut stop: watch::Receiver<bool>) {
-    let mut backoff = BACKOFF_MIN;
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let mut connected = false;
-        match session(&engine, &bridge, &mut stop, &mut connected).await {
-            Ok(()) => return,
-            Err(e) => {
-                if connected {
-                    backoff = BACKOFF_MIN;
-                }
-                tracing::warn!(bridge = %bridge.settings.name, error = %e, retry_in_ms = backoff.as_millis() as u64, "bridge lost its broker; reconnecting");
-                bridge.set_state("reconnecting", Some(e));
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = stop.changed() => return,
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-        }
-    }
-}
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
 /// One connection's life: declare, consume the intake queue, republish what is due.
 /// `Ok` only when stopped.
-async fn session(
+pub(super) async fn session(
     engine: &Arc<Engine>,
     bridge: &Arc<Bridge>,
+    s: &RabbitSettings,
     stop: &mut watch::Receiver<bool>,
     connected: &mut bool,
 ) -> Result<(), String> {
-    let s = &bridge.settings;
     let conn = Connection::connect(&s.url, ConnectionProperties::default())
         .await
         .map_err(err)?;
@@ -367,7 +176,7 @@ async fn session(
     let intake_loop = async {
         while let Some(delivery) = consumer.next().await {
             let delivery = delivery.map_err(err)?;
-            match take_in(engine, bridge, &publish, &delivery).await {
+            match take_in(engine, bridge, s, &publish, &delivery).await {
                 Ok(()) => delivery
                     .acker
                     .ack(BasicAckOptions::default())
@@ -392,7 +201,7 @@ async fn session(
     };
     let result = tokio::select! {
         r = intake_loop => r,
-        r = republish_loop(engine, bridge, &publish) => r,
+        r = republish_loop(engine, bridge, s, &publish) => r,
         _ = stop.changed() => Ok(()),
     };
     let _ = conn.close(200, "redrive bridge stopping").await;
@@ -472,10 +281,10 @@ fn rejection(death: Option<&Death>, props: &BasicProperties) -> Failure {
 async fn take_in(
     engine: &Arc<Engine>,
     bridge: &Arc<Bridge>,
+    s: &RabbitSettings,
     publish: &Channel,
     d: &Delivery,
 ) -> Result<(), String> {
-    let s = &bridge.settings;
     let headers = d.properties.headers().clone().unwrap_or_default();
     let dead = death(&d.properties);
     let failure = rejection(dead.as_ref(), &d.properties);
@@ -493,7 +302,7 @@ async fn take_in(
             Some(Ok(Some(outcome))) => {
                 bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
                 if outcome.message.state == State::Dead {
-                    bury(bridge, publish, &outcome.message).await;
+                    bury(bridge, s, publish, &outcome.message).await;
                 }
                 return Ok(());
             }
@@ -559,7 +368,7 @@ async fn take_in(
     }
     bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
     if p.message.state == State::Dead {
-        bury(bridge, publish, &p.message).await;
+        bury(bridge, s, publish, &p.message).await;
     }
     Ok(())
 }
@@ -589,9 +398,9 @@ fn rebuild(m: &Message) -> Result<(String, String, BasicProperties, Vec<u8>), St
 async fn republish_loop(
     engine: &Arc<Engine>,
     bridge: &Arc<Bridge>,
+    s: &RabbitSettings,
     publish: &Channel,
 ) -> Result<(), String> {
-    let s = &bridge.settings;
     loop {
         let leased = engine
             .lease(&s.queue, 16, None, Some(REPUBLISH_LEASE_MS), 1_000)
@@ -701,9 +510,9 @@ async fn publish_confirmed(
 }
 
 /// An exhausted message: count it, and publish it to `dead_exchange` when set.
-async fn bury(bridge: &Arc<Bridge>, publish: &Channel, m: &Message) {
+async fn bury(bridge: &Arc<Bridge>, s: &RabbitSettings, publish: &Channel, m: &Message) {
     bridge.counters.dead.fetch_add(1, Ordering::Relaxed);
-    let Some(dead_exchange) = &bridge.settings.dead_exchange else {
+    let Some(dead_exchange) = &s.dead_exchange else {
         return;
     };
     let Ok((_, routing_key, props, body)) = rebuild(m) else {
@@ -731,28 +540,8 @@ async fn bury(bridge: &Arc<Bridge>, publish: &Channel, m: &Message) {
     {
         Ok(true) => {}
         Ok(false) | Err(_) => tracing::warn!(
-            bridge = %bridge.settings.name, message = %m.id, dead_exchange = %dead_exchange,
+            bridge = %s.name, message = %m.id, dead_exchange = %dead_exchange,
             "could not publish a dead message to the dead exchange; it stays dead in redrive"
         ),
     }
-}
-
-/// FNV-1a, 64 bits: a stable identity of a body without a message id.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
