@@ -26,6 +26,7 @@
 mod consumer;
 mod cycle;
 mod delayed;
+mod ladder;
 mod pg;
 mod prom;
 mod publish;
@@ -134,6 +135,9 @@ pub struct BenchArgs {
     /// storm: how long messages arrive (from the start).
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub storm_arrivals: DurationMs,
+    /// ladder: the RabbitMQ the server's bridges use.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp: String,
     /// push: where the bench's endpoint listens (the server pushes queue bench-push there).
     #[arg(long, default_value = "127.0.0.1:18183")]
     pub push_endpoint: std::net::SocketAddr,
@@ -177,6 +181,11 @@ Workloads (each stops by itself; run against a server started separately):
                  every request answered 200): publishes --messages (50,000) in batches
                  into queue bench-push, which the server must push there (the config of
                  scripts/bench_server.sh does); deliveries/s and publish → 2xx latency
+  ladder         the RabbitMQ bridge beside seed 001's TTL + dead-letter ladder on the
+                 same broker (--amqp): --messages (20,000) fail once and are retried
+                 after 1 s on each side (retries/s, lateness), then a 10 s retry ahead
+                 of a 100 ms one (head of line). The server needs the bridges of
+                 scripts/bench_bridge.sh.
   storm          push delivery through an outage: two mock endpoints in this process
                  (--storm-on, --storm-off) of --storm-capacity requests/s get queues
                  storm-on (protection on) and storm-off (breaker = false,
@@ -234,6 +243,8 @@ pub enum Workload {
     Storm,
     /// Push delivery to a healthy endpoint: deliveries/s and publish → 2xx latency.
     Push,
+    /// The RabbitMQ bridge beside a TTL + dead-letter ladder (throughput, lateness, head of line).
+    Ladder,
 }
 
 impl Workload {
@@ -247,6 +258,7 @@ impl Workload {
             Workload::Scheduled => "scheduled",
             Workload::Storm => "storm",
             Workload::Push => "push",
+            Workload::Ladder => "ladder",
         }
     }
 
@@ -260,6 +272,7 @@ impl Workload {
             Workload::Scheduled => Some(1_000_000),
             Workload::Storm => None,
             Workload::Push => Some(50_000),
+            Workload::Ladder => Some(20_000),
         }
     }
 }
@@ -446,7 +459,7 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
     }
 
     let messages = args.messages.or(args.workload.default_messages());
-    if !args.json && args.workload != Workload::Storm {
+    if !args.json && !matches!(args.workload, Workload::Storm | Workload::Ladder) {
         let bound = match messages {
             Some(m) if args.workload.default_messages().is_some() => format!("{m} messages"),
             Some(m) => format!("{m} messages or {}", format_duration_ms(args.duration.ms())),
@@ -480,6 +493,13 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
             delayed::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await
         }
         Workload::Push => push::run(ctx.clone(), &args, messages.unwrap_or(1), &mut report).await,
+        Workload::Ladder => {
+            ctx.progress.done.store(true, Ordering::Relaxed);
+            if let Some(t) = ticker {
+                t.abort();
+            }
+            return ladder::run(ctx, &args.amqp, messages.unwrap_or(1)).await;
+        }
         Workload::Storm => {
             ctx.progress.done.store(true, Ordering::Relaxed);
             if let Some(t) = ticker {

@@ -37,7 +37,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::publisher_confirm::Confirmation;
+use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
@@ -48,6 +48,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// Messages leased, published, then confirmed together.
+const REPUBLISH_BATCH: u32 = 64;
 /// A lease of a republish lasts this long (the publish and its confirm).
 const REPUBLISH_LEASE_MS: u64 = 60_000;
 /// How long a republish waits for the broker's confirm before it is tried again.
@@ -160,7 +162,7 @@ pub(super) async fn session(
         .basic_qos(s.prefetch, BasicQosOptions::default())
         .await
         .map_err(err)?;
-    let mut consumer = intake
+    let consumer = intake
         .basic_consume(
             &s.intake_queue,
             &format!("redrive-bridge-{}", s.name),
@@ -174,25 +176,31 @@ pub(super) async fn session(
     bridge.set_state("connected", None);
     tracing::info!(bridge = %s.name, intake_queue = %s.intake_queue, queue = %s.queue, "bridge connected");
     let intake_loop = async {
-        while let Some(delivery) = consumer.next().await {
-            let delivery = delivery.map_err(err)?;
-            match take_in(engine, bridge, s, &publish, &delivery).await {
-                Ok(()) => delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .map_err(err)?,
+        // What has arrived is stored together: one store write (one fsync) for a batch.
+        let mut batches = consumer.ready_chunks(usize::from(s.prefetch).max(1));
+        while let Some(batch) = batches.next().await {
+            let deliveries: Vec<Delivery> =
+                batch.into_iter().collect::<Result<_, _>>().map_err(err)?;
+            match take_in(engine, bridge, s, &publish, &deliveries).await {
+                Ok(()) => {
+                    for d in &deliveries {
+                        d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+                    }
+                }
                 Err(e) => {
-                    // Not stored: give it back to RabbitMQ, which delivers it again.
-                    tracing::error!(bridge = %s.name, error = %e, "could not store an intake message; requeued");
-                    delivery
-                        .acker
-                        .nack(BasicNackOptions {
-                            requeue: true,
-                            ..BasicNackOptions::default()
-                        })
-                        .await
-                        .map_err(err)?;
+                    // Not stored: give them back to RabbitMQ, which delivers them again
+                    // (what was stored is then recognised: returns apply once, new
+                    // messages have their idempotency key).
+                    tracing::error!(bridge = %s.name, error = %e, "could not store intake messages; requeued");
+                    for d in &deliveries {
+                        d.acker
+                            .nack(BasicNackOptions {
+                                requeue: true,
+                                ..BasicNackOptions::default()
+                            })
+                            .await
+                            .map_err(err)?;
+                    }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -277,46 +285,72 @@ fn rejection(death: Option<&Death>, props: &BasicProperties) -> Failure {
     }
 }
 
-/// Store one intake delivery (or match it to the message it is a copy of).
+/// Store intake deliveries (or match each copy to the message it is a copy of). New
+/// failures are stored in one publish.
 async fn take_in(
     engine: &Arc<Engine>,
     bridge: &Arc<Bridge>,
     s: &RabbitSettings,
     publish: &Channel,
-    d: &Delivery,
+    deliveries: &[Delivery],
 ) -> Result<(), String> {
+    let mut news = Vec::new();
+    for d in deliveries {
+        let (returned, message) = intake_of(s, d)?;
+        if let Some(returned) = returned {
+            match engine.returned(vec![returned]).await.map_err(err)?.pop() {
+                Some(Ok(Some(outcome))) => {
+                    bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
+                    if outcome.message.state == State::Dead {
+                        bury(bridge, s, publish, &outcome.message).await;
+                    }
+                    continue;
+                }
+                Some(Ok(None)) => {
+                    bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                // Purged or deleted since: store it as a new failure.
+                Some(Err(StoreError::NotFound(_))) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("no answer for a returned message".to_owned()),
+            }
+        }
+        news.push(message);
+    }
+    if news.is_empty() {
+        return Ok(());
+    }
+    for p in engine.publish(news).await.map_err(err)? {
+        if p.replayed {
+            bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
+        if p.message.state == State::Dead {
+            bury(bridge, s, publish, &p.message).await;
+        }
+    }
+    Ok(())
+}
+
+/// What an intake delivery is: a copy the bridge republished (`Returned`, with the message
+/// to store instead if its redrive message is gone), or a new failure (the message).
+fn intake_of(s: &RabbitSettings, d: &Delivery) -> Result<(Option<Returned>, NewMessage), String> {
     let headers = d.properties.headers().clone().unwrap_or_default();
     let dead = death(&d.properties);
     let failure = rejection(dead.as_ref(), &d.properties);
-    // A copy the bridge republished: one more failed attempt of the same message.
-    if let (Some(id), Some(attempt)) = (
+    let returned = match (
         header_text(&headers, "x-redrive-id").and_then(|i| i.parse::<MessageId>().ok()),
         header_text(&headers, "x-redrive-attempt").and_then(|a| a.parse::<u32>().ok()),
     ) {
-        let returned = Returned {
+        (Some(id), Some(attempt)) => Some(Returned {
             id,
             attempt,
             failure: failure.clone(),
-        };
-        match engine.returned(vec![returned]).await.map_err(err)?.pop() {
-            Some(Ok(Some(outcome))) => {
-                bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
-                if outcome.message.state == State::Dead {
-                    bury(bridge, s, publish, &outcome.message).await;
-                }
-                return Ok(());
-            }
-            Some(Ok(None)) => {
-                bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            // Purged or deleted since: store it as a new failure.
-            Some(Err(StoreError::NotFound(_))) => {}
-            Some(Err(e)) => return Err(e.to_string()),
-            None => return Err("no answer for a returned message".to_owned()),
-        }
-    }
-    // A new failure.
+        }),
+        _ => None,
+    };
     let (exchange, routing_key) = match &dead {
         Some(dd) => (dd.exchange.clone(), dd.routing_key.clone()),
         None => (
@@ -324,16 +358,19 @@ async fn take_in(
             d.routing_key.as_str().to_owned(),
         ),
     };
-    let mut props = d.properties.clone();
     let mut kept = headers.inner().clone();
-    kept.remove("x-death");
-    kept.remove("x-first-death-exchange");
-    kept.remove("x-first-death-queue");
-    kept.remove("x-first-death-reason");
-    kept.remove("x-last-death-exchange");
-    kept.remove("x-last-death-queue");
-    kept.remove("x-last-death-reason");
-    props = props.with_headers(FieldTable::from(kept));
+    for k in [
+        "x-death",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+    ] {
+        kept.remove(k);
+    }
+    let props = d.properties.clone().with_headers(FieldTable::from(kept));
     let (payload, body_encoding) = match std::str::from_utf8(&d.data) {
         Ok(text) => (serde_json::Value::String(text.to_owned()), "utf8"),
         Err(_) => (serde_json::Value::String(base64_encode(&d.data)), "base64"),
@@ -358,19 +395,7 @@ async fn take_in(
         dead.as_ref().map_or(1, |d| d.count)
     ));
     message.failed = Some(failure);
-    let published = engine.publish(vec![message]).await.map_err(err)?;
-    let Some(p) = published.into_iter().next() else {
-        return Err("no answer for a stored message".to_owned());
-    };
-    if p.replayed {
-        bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-        return Ok(());
-    }
-    bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
-    if p.message.state == State::Dead {
-        bury(bridge, s, publish, &p.message).await;
-    }
-    Ok(())
+    Ok((returned, message))
 }
 
 /// The body, the destination and the properties a stored message was taken in with.
@@ -403,9 +428,16 @@ async fn republish_loop(
 ) -> Result<(), String> {
     loop {
         let leased = engine
-            .lease(&s.queue, 16, None, Some(REPUBLISH_LEASE_MS), 1_000)
+            .lease(
+                &s.queue,
+                REPUBLISH_BATCH,
+                None,
+                Some(REPUBLISH_LEASE_MS),
+                1_000,
+            )
             .await
             .map_err(err)?;
+        let mut sent = Vec::with_capacity(leased.len());
         for l in leased {
             let lease = LeaseRef {
                 id: l.message.id,
@@ -456,39 +488,44 @@ async fn republish_loop(
                 );
             }
             let props = props.with_headers(headers);
-            let confirmed =
-                publish_confirmed(publish, &exchange, &routing_key, &body, props).await?;
-            if confirmed {
+            // Published now, confirmed below: the batch's confirms are awaited together.
+            let confirm = send(publish, &exchange, &routing_key, &body, props).await?;
+            sent.push((lease, confirm));
+        }
+        let (mut acks, mut releases) = (Vec::new(), Vec::new());
+        for (lease, confirm) in sent {
+            if confirmed(confirm).await? {
                 bridge.counters.republished.fetch_add(1, Ordering::Relaxed);
-                // The consumer may already have rejected it (the return wins): then this
-                // ack is refused, as it should be.
-                let _ = engine.ack(vec![Ack::from(lease)]).await;
+                acks.push(Ack::from(lease));
             } else {
                 bridge
                     .counters
                     .republish_refused
                     .fetch_add(1, Ordering::Relaxed);
                 let until = engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
-                engine
-                    .release(vec![Release { lease, until }])
-                    .await
-                    .map_err(err)?;
+                releases.push(Release { lease, until });
             }
+        }
+        // The consumer may already have rejected a copy (the return wins): its ack is then
+        // refused, as it should be.
+        if !acks.is_empty() {
+            engine.ack(acks).await.map_err(err)?;
+        }
+        if !releases.is_empty() {
+            engine.release(releases).await.map_err(err)?;
         }
     }
 }
 
-/// Publish with a confirm: `Ok(true)` when the broker acked and routed it, `Ok(false)`
-/// when it nacked, returned it unroutable or did not answer in time; `Err` when the
-/// channel is gone.
-async fn publish_confirmed(
+/// Publish (mandatory, on a confirm channel); the confirm is awaited with [`confirmed`].
+async fn send(
     channel: &Channel,
     exchange: &str,
     routing_key: &str,
     body: &[u8],
     props: BasicProperties,
-) -> Result<bool, String> {
-    let confirm = channel
+) -> Result<PublisherConfirm, String> {
+    channel
         .basic_publish(
             exchange,
             routing_key,
@@ -500,7 +537,12 @@ async fn publish_confirmed(
             props,
         )
         .await
-        .map_err(err)?;
+        .map_err(err)
+}
+
+/// `Ok(true)` when the broker acked and routed the publish, `Ok(false)` when it nacked it,
+/// returned it unroutable or did not answer in time; `Err` when the channel is gone.
+async fn confirmed(confirm: PublisherConfirm) -> Result<bool, String> {
     match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
         Ok(Ok(Confirmation::Ack(None))) => Ok(true),
         Ok(Ok(_)) => Ok(false),
@@ -529,15 +571,19 @@ async fn bury(bridge: &Arc<Bridge>, s: &RabbitSettings, publish: &Channel, m: &M
             AMQPValue::LongString(LongString::from(reason.as_str().as_bytes().to_vec())),
         );
     }
-    match publish_confirmed(
+    let sent = send(
         publish,
         dead_exchange,
         &routing_key,
         &body,
         props.with_headers(headers),
     )
-    .await
-    {
+    .await;
+    let outcome = match sent {
+        Ok(confirm) => confirmed(confirm).await,
+        Err(e) => Err(e),
+    };
+    match outcome {
         Ok(true) => {}
         Ok(false) | Err(_) => tracing::warn!(
             bridge = %s.name, message = %m.id, dead_exchange = %dead_exchange,
