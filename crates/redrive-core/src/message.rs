@@ -281,6 +281,10 @@ pub struct NewMessage {
     pub failed: Option<crate::Failure>,
     /// Push delivery: the message's own endpoint URL (see [`Message::target_url`]).
     pub target_url: Option<String>,
+    /// With `failed`: attempts already made elsewhere before that one (a bridge takes in a
+    /// message another retry mechanism already counted, `x-retry-count`). The failure is
+    /// then attempt `attempts_before + 1`, and the policy counts them all.
+    pub attempts_before: u32,
 }
 
 impl NewMessage {
@@ -296,6 +300,7 @@ impl NewMessage {
             deliver_at: None,
             failed: None,
             target_url: None,
+            attempts_before: 0,
         }
     }
 }

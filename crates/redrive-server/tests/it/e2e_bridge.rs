@@ -669,3 +669,62 @@ async fn a_missing_group_is_reported_and_the_bridge_connects_once_it_exists() {
         .await
         .unwrap();
 }
+
+/// A message another retry mechanism already counted (`x-retry-count`) keeps its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_arrives_counted_keeps_its_count() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server().await;
+    let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
+    tokio::spawn(consumer(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        2,
+        seen.clone(),
+    ));
+    // Seed 001's ladder already retried it 3 times; the queue allows 4 attempts in all.
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from("x-retry-count"),
+        AMQPValue::LongLongInt(3),
+    );
+    let props = BasicProperties::default()
+        .with_message_id(ShortString::from("counted-1"))
+        .with_headers(headers);
+    conn.create_channel()
+        .await
+        .unwrap()
+        .basic_publish(
+            &t.work_x,
+            "job",
+            BasicPublishOptions::default(),
+            b"late",
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dead = loop {
+        let (_, page) = s
+            .get(&format!("/v1/messages?queue={}&state=dead", t.queue))
+            .await;
+        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
+            break page["messages"][0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
+    let full = s.message(dead["id"].as_str().unwrap()).await;
+    assert_eq!(full["attempts"], 4, "{full}");
+    assert_eq!(full["history"][0]["attempt"], 4, "{full}");
+    assert_eq!(
+        seen.lock().unwrap()["counted-1"].len(),
+        1,
+        "it was delivered again"
+    );
+    s.stop().await;
+    t.delete(&admin).await;
+}

@@ -731,3 +731,26 @@ pub async fn returned_until_dead<S: Store>(s: Arc<S>) {
     }
     assert_eq!(count(&*s, Q, State::Dead).await, 1);
 }
+
+/// A message another retry mechanism already counted arrives with its count: its failure is
+/// attempt `attempts_before + 1`, and the policy counts them all.
+pub async fn failed_publish_counts_attempts_made_elsewhere<S: Store>(s: Arc<S>) {
+    let mut m = msg(Q, json!("x"));
+    m.failed = Some(failure(ErrorClass::Transient, "rejected"));
+    m.attempts_before = 1;
+    let p = publish(&*s, m, at(0)).await;
+    assert_eq!(p.attempts, 2);
+    assert_eq!(
+        p.state,
+        State::Scheduled,
+        "2 of {MAX_ATTEMPTS} attempts: one is left"
+    );
+    let got = get(&*s, p.id).await;
+    assert_eq!(got.history[0].attempt, 2);
+    let mut m = msg(Q, json!("y"));
+    m.failed = Some(failure(ErrorClass::Transient, "rejected"));
+    m.attempts_before = MAX_ATTEMPTS - 1;
+    let p = publish(&*s, m, at(0)).await;
+    assert_eq!(p.state, State::Dead);
+    assert_eq!(p.dead_reason, Some(DeadReason::MaxAttempts));
+}

@@ -237,6 +237,7 @@ macro_rules! conformance_tests {
                 returned_fails_the_delivered_attempt_once,
                 returned_before_the_ack_wins_over_it,
                 returned_until_dead,
+                failed_publish_counts_attempts_made_elsewhere,
             ],
             operator: [
                 redrive_dead_gives_fresh_budget,

@@ -369,7 +369,7 @@ impl WriterState {
             let mut history = Vec::new();
             let mut failure_outcome = None;
             if let Some(failure) = &item.failed {
-                row.attempts = 1;
+                row.attempts = item.attempts_before.saturating_add(1);
                 let (entry, class) = self.decide_into(&mut row, failure, now)?;
                 history.push(entry);
                 failure_outcome = Some(class);

@@ -177,6 +177,7 @@ fn parse_item(
         Some(t) => Some(target_url(&field("target_url"), t, queue, s)?),
     };
     Ok(NewMessage {
+        attempts_before: 0,
         target_url,
         queue: queue.to_owned(),
         payload,

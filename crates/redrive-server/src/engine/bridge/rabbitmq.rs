@@ -48,6 +48,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// The most earlier attempts an arriving `x-retry-count` may claim.
+const MAX_ATTEMPTS_BEFORE: u32 = 10_000;
 /// Messages leased, published, then confirmed together.
 const REPUBLISH_BATCH: u32 = 64;
 /// A lease of a republish lasts this long (the publish and its confirm).
@@ -395,6 +397,12 @@ fn intake_of(s: &RabbitSettings, d: &Delivery) -> Result<(Option<Returned>, NewM
         dead.as_ref().map_or(1, |d| d.count)
     ));
     message.failed = Some(failure);
+    // A message another retry mechanism already counted (seed 001's ladder sets
+    // x-retry-count) keeps its count: this failure is attempt x-retry-count + 1.
+    message.attempts_before = header_text(&headers, "x-retry-count")
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or(0)
+        .min(MAX_ATTEMPTS_BEFORE);
     Ok((returned, message))
 }
 
