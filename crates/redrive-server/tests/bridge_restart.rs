@@ -76,6 +76,48 @@ async fn consume(queue: String, seen: Arc<Mutex<HashMap<String, (u32, u32)>>>) {
     }
 }
 
+/// Wait until the consumer acked all `n` messages (`prefix-0` …) and the queue has them
+/// `done`; print the figures as `label` and assert none was lost or acked twice.
+async fn all_acked_once(
+    s: &TestServer,
+    queue: &str,
+    seen: &Arc<Mutex<HashMap<String, (u32, u32)>>>,
+    n: u32,
+    prefix: &str,
+    label: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let acked: u32 = seen.lock().unwrap().values().map(|v| v.1).sum();
+        let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
+        if acked >= n && q["counts"]["done"] == n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after the restart: acked {acked} of {n}, queue {q}, bridge {}",
+            bridge(s).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    let lost = (0..n)
+        .filter(|i| seen.get(&format!("{prefix}-{i}")).is_none_or(|v| v.1 == 0))
+        .count();
+    let acked_twice = seen.values().filter(|v| v.1 > 1).count();
+    let b = bridge(s).await;
+    println!(
+        "{label}: messages={n} lost={lost} acked_twice={acked_twice} bridge_connects={} returned={} duplicates={}",
+        b["connects"], b["returned"], b["duplicates"]
+    );
+    assert_eq!(lost, 0, "{seen:?}");
+    assert_eq!(acked_twice, 0, "{seen:?}");
+    assert!(
+        b["connects"].as_u64().unwrap() >= 2,
+        "the bridge did not reconnect: {b}"
+    );
+}
+
 /// The bridge as `GET /v1/bridges` shows it.
 async fn bridge(s: &TestServer) -> serde_json::Value {
     s.get("/v1/bridges").await.1["bridges"][0].clone()
@@ -217,36 +259,7 @@ jitter = "none"
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let acked: u32 = seen.lock().unwrap().values().map(|v| v.1).sum();
-        let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
-        if acked >= N && q["counts"]["done"] == N {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after the restart: acked {acked} of {N}, queue {q}, bridge {}",
-            bridge(&s).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let seen = seen.lock().unwrap().clone();
-    let lost = (0..N)
-        .filter(|i| seen.get(&format!("r-{i}")).is_none_or(|v| v.1 == 0))
-        .count();
-    let acked_twice = seen.values().filter(|v| v.1 > 1).count();
-    let b = bridge(&s).await;
-    println!(
-        "broker restart test: messages={N} lost={lost} acked_twice={acked_twice} bridge_connects={} returned={} duplicates={}",
-        b["connects"], b["returned"], b["duplicates"]
-    );
-    assert_eq!(lost, 0, "{seen:?}");
-    assert_eq!(acked_twice, 0, "{seen:?}");
-    assert!(
-        b["connects"].as_u64().unwrap() >= 2,
-        "the bridge did not reconnect: {b}"
-    );
+    all_acked_once(&s, &queue, &seen, N, "r", "broker restart test").await;
     s.stop().await;
     if let Some(conn) = connect().await {
         if let Ok(admin) = conn.create_channel().await {
@@ -444,36 +457,7 @@ jitter = "none"
         "redis-server did not start"
     );
     create_group(stream.clone()).await;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let acked: u32 = seen.lock().unwrap().values().map(|v| v.1).sum();
-        let (_, q) = s.get(&format!("/v1/queues/{queue}")).await;
-        if acked >= N && q["counts"]["done"] == N {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after the restart: acked {acked} of {N}, queue {q}, bridge {}",
-            bridge(&s).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let seen = seen.lock().unwrap().clone();
-    let lost = (0..N)
-        .filter(|i| seen.get(&format!("o-{i}")).is_none_or(|v| v.1 == 0))
-        .count();
-    let acked_twice = seen.values().filter(|v| v.1 > 1).count();
-    let b = bridge(&s).await;
-    println!(
-        "redis restart test: messages={N} lost={lost} acked_twice={acked_twice} bridge_connects={}",
-        b["connects"]
-    );
-    assert_eq!(lost, 0, "{seen:?}");
-    assert_eq!(acked_twice, 0, "{seen:?}");
-    assert!(
-        b["connects"].as_u64().unwrap() >= 2,
-        "the bridge did not reconnect: {b}"
-    );
+    all_acked_once(&s, &queue, &seen, N, "o", "redis restart test").await;
     s.stop().await;
     if let Some(mut c) = redis_conn().await {
         let _: Result<i64, _> = redis::cmd("DEL").arg(&stream).query_async(&mut c).await;

@@ -272,15 +272,7 @@ jitter = "none"
         // The doomed one: 4 deliveries (max_attempts), then dead, with every attempt in its
         // history, and on the dead exchange.
         assert_eq!(seen["doomed-1"].len(), 4, "{:?}", seen["doomed-1"]);
-        let dead = loop {
-            let (_, page) = s
-                .get(&format!("/v1/messages?queue={}&state=dead", self.queue))
-                .await;
-            if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
-                break page["messages"][0].clone();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let dead = first_dead(s, &self.queue).await;
         assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
         let full = s.message(dead["id"].as_str().unwrap()).await;
         let failed = full["history"]
@@ -432,6 +424,19 @@ async fn an_unchanged_php_consumer_gets_retries_and_dead_letters() {
     t.delete(&admin).await;
 }
 
+/// The first dead message of `queue`, once there is one.
+async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
+    loop {
+        let (_, page) = s
+            .get(&format!("/v1/messages?queue={queue}&state=dead"))
+            .await;
+        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
+            return page["messages"][0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn rand_u32() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -576,15 +581,7 @@ async fn an_unchanged_php_redis_consumer_gets_retries_and_dead_letters() {
     }
     assert_eq!(reads["doomed-1"].len(), 4, "{:?}", reads["doomed-1"]);
     // Dead in redrive with every attempt, and on <stream>:dead.
-    let dead = loop {
-        let (_, page) = s
-            .get(&format!("/v1/messages?queue={queue}&state=dead"))
-            .await;
-        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
-            break page["messages"][0].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let dead = first_dead(&s, &queue).await;
     assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
     let full = s.message(dead["id"].as_str().unwrap()).await;
     let failed = full["history"]
@@ -707,15 +704,7 @@ async fn a_message_that_arrives_counted_keeps_its_count() {
         .unwrap()
         .await
         .unwrap();
-    let dead = loop {
-        let (_, page) = s
-            .get(&format!("/v1/messages?queue={}&state=dead", t.queue))
-            .await;
-        if page["messages"].as_array().is_some_and(|m| !m.is_empty()) {
-            break page["messages"][0].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let dead = first_dead(&s, &t.queue).await;
     assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
     let full = s.message(dead["id"].as_str().unwrap()).await;
     assert_eq!(full["attempts"], 4, "{full}");

@@ -106,6 +106,23 @@ fn id_of(d: &lapin::message::Delivery) -> String {
         .unwrap_or_default()
 }
 
+/// Record a delivery of `id` now: its first (the failure) or its retry. Whether it is the
+/// first.
+fn seen(times: &Times, id: &str) -> bool {
+    let now = Instant::now();
+    let mut t = times.lock().unwrap_or_else(|e| e.into_inner());
+    match t.get_mut(id) {
+        None => {
+            t.insert(id.to_owned(), (now, None));
+            true
+        }
+        Some(e) => {
+            e.1.get_or_insert(now);
+            false
+        }
+    }
+}
+
 /// The bridged side's consumer of `queue`: reject the first delivery, ack the retry.
 async fn bridged_consumer(ch: Channel, queue: &'static str, times: Times) -> anyhow::Result<()> {
     let mut c = ch
@@ -118,21 +135,7 @@ async fn bridged_consumer(ch: Channel, queue: &'static str, times: Times) -> any
         .await?;
     while let Some(d) = c.next().await {
         let d = d?;
-        let id = id_of(&d);
-        let now = Instant::now();
-        let first = {
-            let mut t = times.lock().unwrap_or_else(|e| e.into_inner());
-            match t.get_mut(&id) {
-                None => {
-                    t.insert(id, (now, None));
-                    true
-                }
-                Some(e) => {
-                    e.1.get_or_insert(now);
-                    false
-                }
-            }
-        };
+        let first = seen(&times, &id_of(&d));
         if first {
             d.acker
                 .reject(BasicRejectOptions { requeue: false })
@@ -159,20 +162,7 @@ async fn ladder_consumer(ch: Channel, times: Times) -> anyhow::Result<()> {
     while let Some(d) = c.next().await {
         let d = d?;
         let id = id_of(&d);
-        let now = Instant::now();
-        let first = {
-            let mut t = times.lock().unwrap_or_else(|e| e.into_inner());
-            match t.get_mut(&id) {
-                None => {
-                    t.insert(id.clone(), (now, None));
-                    true
-                }
-                Some(e) => {
-                    e.1.get_or_insert(now);
-                    false
-                }
-            }
-        };
+        let first = seen(&times, &id);
         if first {
             let delay_ms = String::from_utf8_lossy(&d.data)
                 .parse::<u64>()

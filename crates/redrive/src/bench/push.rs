@@ -9,10 +9,8 @@
 
 use super::publish::{plain_item, publish_all, PublishPlan};
 use super::report::Report;
-use super::storm::{serve, Mock};
+use super::storm::{expect_pushed, serve, Mock};
 use super::{BenchArgs, Ctx};
-use crate::cli::usage;
-use serde_json::Value;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,27 +26,7 @@ pub async fn run(
     messages: u64,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let endpoints: Value = serde_json::from_slice(
-        &ctx.api
-            .get_raw(&ctx.url(&["v1", "endpoints"]))
-            .await
-            .map_err(|e| anyhow::anyhow!("GET /v1/endpoints: {e}"))?,
-    )?;
-    let want = format!("http://{}", args.push_endpoint);
-    let found = endpoints["endpoints"].as_array().is_some_and(|list| {
-        list.iter().any(|e| {
-            e["endpoint"] == want.as_str()
-                && e["queues"]
-                    .as_array()
-                    .is_some_and(|q| q.iter().any(|q| q == QUEUE))
-        })
-    });
-    if !found {
-        return Err(usage(format!(
-            "the server does not push queue {QUEUE} to {want}: start it with the config of \
-             scripts/bench_server.sh (GET /v1/endpoints said {endpoints})"
-        )));
-    }
+    expect_pushed(&ctx, QUEUE, args.push_endpoint, "scripts/bench_server.sh").await?;
     let start = Instant::now();
     let mock = Arc::new(Mock::new(start, f64::INFINITY));
     let (_up, up_rx) = watch::channel(false);

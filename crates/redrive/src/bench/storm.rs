@@ -215,6 +215,37 @@ pub(super) async fn serve(
     Ok(())
 }
 
+/// Fail (a usage error naming `script`) unless the server pushes `queue` to `addr`.
+pub(super) async fn expect_pushed(
+    ctx: &Ctx,
+    queue: &str,
+    addr: SocketAddr,
+    script: &str,
+) -> anyhow::Result<()> {
+    let endpoints: Value = serde_json::from_slice(
+        &ctx.api
+            .get_raw(&ctx.url(&["v1", "endpoints"]))
+            .await
+            .map_err(|e| anyhow::anyhow!("GET /v1/endpoints: {e}"))?,
+    )?;
+    let want = format!("http://{addr}");
+    let found = endpoints["endpoints"].as_array().is_some_and(|list| {
+        list.iter().any(|e| {
+            e["endpoint"] == want.as_str()
+                && e["queues"]
+                    .as_array()
+                    .is_some_and(|q| q.iter().any(|q| q == queue))
+        })
+    });
+    if found {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "the server does not push queue {queue} to {want}: start it with the config \
+         {script} writes (GET /v1/endpoints said {endpoints})"
+    )))
+}
+
 /// What one queue's run measured.
 #[derive(Debug)]
 struct Figures {
@@ -232,28 +263,8 @@ struct Figures {
 /// Run the storm and print its report.
 pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<()> {
     // The server must push the two queues to our two endpoints.
-    let endpoints: Value = serde_json::from_slice(
-        &ctx.api
-            .get_raw(&ctx.url(&["v1", "endpoints"]))
-            .await
-            .map_err(|e| anyhow::anyhow!("GET /v1/endpoints: {e}"))?,
-    )?;
     for (queue, addr) in [(QUEUE_ON, shape.on), (QUEUE_OFF, shape.off)] {
-        let want = format!("http://{addr}");
-        let found = endpoints["endpoints"].as_array().is_some_and(|list| {
-            list.iter().any(|e| {
-                e["endpoint"] == want.as_str()
-                    && e["queues"]
-                        .as_array()
-                        .is_some_and(|q| q.iter().any(|q| q == queue))
-            })
-        });
-        if !found {
-            return Err(usage(format!(
-                "the server does not push queue {queue} to {want}: start it with the config \
-                 scripts/bench_storm.sh writes (GET /v1/endpoints said {endpoints})"
-            )));
-        }
+        expect_pushed(&ctx, queue, addr, "scripts/bench_storm.sh").await?;
     }
     let t0 = Instant::now();
     let mocks = [
