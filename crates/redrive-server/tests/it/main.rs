@@ -10,6 +10,7 @@ mod e2e_engine;
 mod e2e_leases;
 mod e2e_limits;
 mod e2e_operator;
+mod e2e_ops_files;
 mod e2e_ordering;
 mod e2e_publish;
 mod e2e_push;
