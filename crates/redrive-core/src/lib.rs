@@ -26,6 +26,7 @@
 
 mod duration;
 mod error_class;
+pub mod fingerprint;
 mod id;
 mod message;
 mod queue_name;
@@ -36,6 +37,7 @@ mod timestamp;
 
 pub use duration::{format_duration_ms, parse_duration_ms, DurationError, DurationMs};
 pub use error_class::{ErrorClass, Failure, ENDPOINT_GONE};
+pub use fingerprint::fingerprint;
 pub use id::{IdError, MessageId};
 pub use message::{
     AttemptResponse, DeadReason, HistoryEntry, HistoryEvent, LastError, Message, NewMessage, State,

@@ -14,6 +14,7 @@ mod browser;
 mod contract;
 mod endpoints;
 mod error;
+mod groups;
 mod health;
 mod leases;
 mod limits;
@@ -81,6 +82,7 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(queues::get))
         .routes(routes!(endpoints::list))
         .routes(routes!(bridges::list))
+        .routes(routes!(groups::list))
 }
 
 /// Liveness, readiness and metrics: open even when API tokens are configured.

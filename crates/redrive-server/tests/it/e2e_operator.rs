@@ -668,3 +668,69 @@ async fn delete_removes_the_message() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn dead_letters_are_grouped_by_failure_fingerprint() {
+    let s = TestServer::fast("").await;
+    let dead = |queue: &'static str, text: &'static str| {
+        let s = &s;
+        async move {
+            s.publish(
+                queue,
+                json!({"payload": text, "failed": {"class": "permanent", "message": text}}),
+            )
+            .await
+        }
+    };
+    for t in [
+        "order 1 not found",
+        "order 22 not found",
+        "order 333 not found",
+    ] {
+        dead("ga", t).await;
+    }
+    dead("gb", "order 4 not found").await;
+    dead("gb", "upstream 0x9f3a timed out").await;
+    let killed = s.publish_payload("gb", json!(1)).await;
+    crate::harness::ok(
+        s.post(&format!("/v1/messages/{killed}/kill"), json!({}))
+            .await,
+    );
+    let (status, g) = s.get("/v1/failure-groups").await;
+    assert_eq!(status, 200, "{g}");
+    let groups = g["groups"].as_array().unwrap();
+    assert_eq!(g["scanned"], 6, "{g}");
+    assert_eq!(g["truncated"], false);
+    assert_eq!(
+        groups[0]["fingerprint"], "permanent: order <n> not found",
+        "{g}"
+    );
+    assert_eq!(groups[0]["count"], 4, "{g}");
+    assert_eq!(groups[0]["queues"], json!(["ga", "gb"]));
+    assert_eq!(groups[0]["dead_reasons"], json!(["permanent_error"]));
+    assert_eq!(groups[0]["sample_ids"].as_array().unwrap().len(), 4);
+    let fps: Vec<&str> = groups
+        .iter()
+        .map(|g| g["fingerprint"].as_str().unwrap())
+        .collect();
+    assert!(
+        fps.contains(&"permanent: upstream <hex> timed out"),
+        "{fps:?}"
+    );
+    assert!(fps.contains(&"killed"), "{fps:?}");
+    let (_, only_b) = s.get("/v1/failure-groups?queue=gb&limit=1").await;
+    let b = only_b["groups"].as_array().unwrap();
+    assert_eq!(b.len(), 1, "{only_b}");
+    assert_eq!(only_b["scanned"], 3);
+    assert_error(
+        &s.get("/v1/failure-groups?limit=0").await,
+        400,
+        "invalid_query",
+    );
+    assert_error(
+        &s.get("/v1/failure-groups?queue=bad%20name").await,
+        400,
+        "invalid_queue",
+    );
+    s.stop().await;
+}

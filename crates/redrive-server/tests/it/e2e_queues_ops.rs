@@ -268,6 +268,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/queues/{queue}", &["get"]),
     ("/v1/endpoints", &["get"]),
     ("/v1/bridges", &["get"]),
+    ("/v1/failure-groups", &["get"]),
     ("/healthz", &["get"]),
     ("/readyz", &["get"]),
     ("/metrics", &["get"]),
