@@ -48,5 +48,5 @@ pub use retry_policy::{
     Backoff, Decision, ExplainRow, FailureContext, Jitter, PolicyError, RetryPolicy,
     RetryPolicyConfig, DEFAULT_MAX_RATE_LIMITED,
 };
-pub use rng::SplitMix64;
+pub use rng::{fnv1a, SplitMix64};
 pub use timestamp::{Timestamp, TimestampError};

@@ -41,6 +41,17 @@ impl SplitMix64 {
     }
 }
 
+/// FNV-1a, 64 bits: a stable fingerprint of bytes (idempotency checks of payloads, a
+/// bridge's identity of a body without a message id). Not for security.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,6 +118,15 @@ async fn all_acked_once(
     );
 }
 
+/// A suffix that keeps one run's names apart from another's.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{nanos:08x}")
+}
+
 /// The bridge as `GET /v1/bridges` shows it.
 async fn bridge(s: &TestServer) -> serde_json::Value {
     s.get("/v1/bridges").await.1["bridges"][0].clone()
@@ -148,13 +157,7 @@ async fn the_bridge_survives_a_broker_restart_and_loses_nothing() {
         eprintln!("skipped: rabbitmqctl does not work here");
         return;
     }
-    let run = format!(
-        "{:08x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos()
-    );
+    let run = run_id();
     let (work, dlx, intake, queue) = (
         format!("rr.work.{run}"),
         format!("rr.dlx.{run}"),
@@ -382,13 +385,7 @@ async fn the_redis_bridge_survives_a_redis_restart_and_loses_nothing_it_stored()
         eprintln!("skipped: Redis is not reachable");
         return;
     };
-    let run = format!(
-        "{:08x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos()
-    );
+    let run = run_id();
     let (stream, queue) = (format!("rr.{run}"), format!("rrs-{run}"));
     let create_group = |stream: String| async move {
         let mut c = loop {

@@ -24,7 +24,7 @@ mod common;
 use common::{free_port, start, wait_ready};
 use futures_util::stream::{self, StreamExt};
 use redrive_client::{Client, Publish};
-use redrive_core::SplitMix64;
+use redrive_core::{fnv1a, SplitMix64};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -160,12 +160,6 @@ impl Mock {
             }
         }
     }
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Publish small batches (1–5 messages) until `stop` or the first failed request (the

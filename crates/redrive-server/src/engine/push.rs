@@ -347,10 +347,11 @@ impl Endpoints {
         if targets.len() >= MAX_TARGET_ENDPOINTS {
             // Forget endpoints nobody uses now (closed breaker, nothing in flight or parked).
             targets.retain(|_, e| {
-                Arc::strong_count(e) > 1
-                    || !e.parked_set().is_empty()
-                    || e.protection().snapshot(e.now_ms()).in_flight > 0
-                    || e.protection().state() != BreakerState::Closed
+                let busy = {
+                    let p = e.protection();
+                    p.in_flight() > 0 || p.state() != BreakerState::Closed
+                };
+                Arc::strong_count(e) > 1 || busy || !e.parked_set().is_empty()
             });
             if targets.len() >= MAX_TARGET_ENDPOINTS {
                 return None;
@@ -489,7 +490,11 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                 (Some(t), true) => {
                     let Ok(url) = Url::parse(t) else {
                         // Checked at publish; a stored one that no longer parses cannot be sent.
-                        reject(&engine, l, "target_url is not a URL").await;
+                        let id = l.message.id;
+                        let lease = redrive_storage::LeaseRef { id, token: l.token };
+                        if let Err(e) = engine.reject(lease, "target_url is not a URL").await {
+                            tracing::error!(message = %id, error = %e, "could not record a push message that cannot be sent");
+                        }
                         continue;
                     };
                     match engine.push().target(&url, &queue, &settings) {
@@ -577,19 +582,6 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
     }
 }
 
-/// A leased message that cannot be sent at all: a permanent failure (dead, with `why`).
-async fn reject(engine: &Engine, l: Leased, why: &str) {
-    let id = l.message.id;
-    let nack = Nack {
-        lease: redrive_storage::LeaseRef { id, token: l.token },
-        failure: Failure::new(ErrorClass::Permanent, why),
-        response: None,
-    };
-    if let Err(e) = engine.nack(vec![nack]).await {
-        tracing::error!(message = %id, error = %e, "could not record a push message that cannot be sent");
-    }
-}
-
 /// One attempt to `url`: send, classify, tell the protection, ack or nack.
 async fn deliver(
     engine: Arc<Engine>,
@@ -645,6 +637,8 @@ async fn deliver(
         latency_ms: sent.latency_ms,
         body: sent.excerpt.clone(),
     };
+    // Refused by the SSRF guard: nothing was sent (no attempt to classify or to count).
+    let refused = sent.attempt().is_none();
     let (verdict, code) = match sent.attempt() {
         Some(attempt) => {
             let code = match attempt {
@@ -666,23 +660,20 @@ async fn deliver(
             "ssrf_refused".to_owned(),
         ),
     };
+    let failed_class = match verdict {
+        Verdict::Failed { class, .. } => Some(class),
+        Verdict::Delivered | Verdict::Gone => None,
+    };
     let result = match verdict {
+        _ if refused => "refused",
         Verdict::Delivered => "delivered",
         Verdict::Gone => "gone",
-        Verdict::Failed { .. } if code == "ssrf_refused" => "refused",
         Verdict::Failed { class, .. } => class.as_str(),
     };
-    let outcome = match verdict {
-        Verdict::Failed {
-            class: ErrorClass::Transient | ErrorClass::RateLimited,
-            ..
-        } => Outcome::Failure,
-        _ => Outcome::Success,
-    };
-    if result == "refused" {
+    if refused {
         ep.with_protection(|p, now| p.cancel(now));
     } else {
-        ep.with_protection(|p, now| p.record(now, outcome));
+        ep.with_protection(|p, now| p.record(now, Outcome::from_class(failed_class)));
     }
     ep.changed.notify_waiters();
     engine
@@ -692,38 +683,33 @@ async fn deliver(
         id: l.message.id,
         token: l.token,
     };
-    let settled = match verdict {
-        Verdict::Delivered => engine
-            .ack(vec![Ack {
-                lease,
-                response: Some(response),
-            }])
-            .await
-            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
-        Verdict::Gone => engine
-            .nack(vec![Nack {
-                lease,
-                failure: Failure::endpoint_gone(description),
-                response: Some(response),
-            }])
-            .await
-            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
+    let failure = match verdict {
+        Verdict::Delivered => None,
+        Verdict::Gone => Some(Failure::endpoint_gone(description)),
         Verdict::Failed {
             class,
             retry_after_ms,
-        } => engine
+        } => Some(Failure {
+            class,
+            message: Some(description),
+            retry_after_ms,
+            code: Some(code),
+        }),
+    };
+    let response = Some(response);
+    let settled = match failure {
+        None => engine
+            .ack(vec![Ack { lease, response }])
+            .await
+            .map(|mut r| r.pop().map(|x| x.map(drop))),
+        Some(failure) => engine
             .nack(vec![Nack {
                 lease,
-                failure: Failure {
-                    class,
-                    message: Some(description),
-                    retry_after_ms,
-                    code: Some(code),
-                },
-                response: Some(response),
+                failure,
+                response,
             }])
             .await
-            .map(|mut r| r.pop().map(|x| x.map(|_| ()))),
+            .map(|mut r| r.pop().map(|x| x.map(drop))),
     };
     match settled {
         Ok(Some(Ok(()))) | Ok(None) => {}

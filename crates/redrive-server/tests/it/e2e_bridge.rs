@@ -275,12 +275,7 @@ jitter = "none"
         let dead = first_dead(s, &self.queue).await;
         assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
         let full = s.message(dead["id"].as_str().unwrap()).await;
-        let failed = full["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|h| h["event"] == "failed")
-            .count();
+        let failed = failed_attempts(&full);
         assert_eq!(failed, 4, "{full}");
         assert_eq!(full["payload"], json!("body of doomed-1"));
         let got = loop {
@@ -422,6 +417,16 @@ async fn an_unchanged_php_consumer_gets_retries_and_dead_letters() {
     t.check(&s, &admin, &seen).await;
     s.stop().await;
     t.delete(&admin).await;
+}
+
+/// How many failed attempts a message's history holds.
+fn failed_attempts(message: &serde_json::Value) -> usize {
+    message["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["event"] == "failed")
+        .count()
 }
 
 /// The first dead message of `queue`, once there is one.
@@ -584,12 +589,7 @@ async fn an_unchanged_php_redis_consumer_gets_retries_and_dead_letters() {
     let dead = first_dead(&s, &queue).await;
     assert_eq!(dead["dead_reason"], "max_attempts", "{dead}");
     let full = s.message(dead["id"].as_str().unwrap()).await;
-    let failed = full["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h["event"] == "failed")
-        .count();
+    let failed = failed_attempts(&full);
     assert_eq!(failed, 4, "{full}");
     assert_eq!(full["payload"]["order"], "doomed-1", "{full}");
     let dead_len: i64 = loop {

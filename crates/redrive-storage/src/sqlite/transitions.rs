@@ -17,8 +17,9 @@ use crate::{
     Release, Returned, StoreError, TickOutcome,
 };
 use redrive_core::{
-    AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry, HistoryEvent,
-    LastError, Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp,
+    fnv1a, AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry,
+    HistoryEvent, LastError, Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State,
+    Timestamp,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -1050,14 +1051,4 @@ fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError>
         return Err(StoreError::LeaseExpired);
     }
     Ok(())
-}
-
-/// FNV-1a, 64 bits: a stable fingerprint of a payload for idempotency checks.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }

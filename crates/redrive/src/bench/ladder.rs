@@ -298,39 +298,22 @@ pub async fn run(_ctx: Arc<Ctx>, amqp: &str, messages: u64) -> anyhow::Result<()
             hol_bridged.clone(),
         ));
     }
-    publish(
-        &pubc,
-        "",
-        "hol-slow",
-        std::iter::once("slow".to_owned()),
-        10_000,
-    )
-    .await?;
-    publish(
-        &pubc,
-        LADDER_WORK,
-        "work",
-        std::iter::once("slow".to_owned()),
-        10_000,
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    publish(
-        &pubc,
-        "",
-        "hol-fast",
-        std::iter::once("fast".to_owned()),
-        100,
-    )
-    .await?;
-    publish(
-        &pubc,
-        LADDER_WORK,
-        "work",
-        std::iter::once("fast".to_owned()),
-        100,
-    )
-    .await?;
+    for (id, delay_ms, bridged_queue, pause) in [
+        ("slow", 10_000, "hol-slow", 50),
+        ("fast", 100, "hol-fast", 0),
+    ] {
+        for (exchange, routing_key) in [("", bridged_queue), (LADDER_WORK, "work")] {
+            publish(
+                &pubc,
+                exchange,
+                routing_key,
+                std::iter::once(id.to_owned()),
+                delay_ms,
+            )
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut hol = Vec::new();
     // The ladder's consumer of step 1 still runs on its work queue: "slow" and "fast" are

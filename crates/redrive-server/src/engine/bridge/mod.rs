@@ -23,6 +23,8 @@ pub use rabbitmq::RabbitSettings;
 pub use redis_streams::RedisSettings;
 
 use super::Engine;
+use redrive_core::{Message, NewMessage, State};
+use redrive_storage::{Returned, StoreError};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -126,7 +128,65 @@ pub struct BridgeView {
     pub connects: u64,
 }
 
+/// What applying a bridge's return did.
+pub(super) enum ReturnApplied {
+    /// Applied now or before (a repeat); `Some` when the message is now dead.
+    Done(Option<Box<Message>>),
+    /// Its redrive message is gone (purged, deleted): store the copy as a new failure.
+    Unknown,
+}
+
 impl Bridge {
+    /// Apply a copy's return ([`Store::returned`]), counting it (`returned`, or
+    /// `duplicates` for a repeat).
+    ///
+    /// [`Store::returned`]: redrive_storage::Store::returned
+    pub(super) async fn apply_return(
+        &self,
+        engine: &Engine,
+        returned: Returned,
+    ) -> Result<ReturnApplied, String> {
+        match engine.returned(vec![returned]).await.map_err(err)?.pop() {
+            Some(Ok(Some(outcome))) => {
+                self.counters.returned.fetch_add(1, Ordering::Relaxed);
+                let dead =
+                    (outcome.message.state == State::Dead).then(|| Box::new(outcome.message));
+                Ok(ReturnApplied::Done(dead))
+            }
+            Some(Ok(None)) => {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                Ok(ReturnApplied::Done(None))
+            }
+            Some(Err(StoreError::NotFound(_))) => Ok(ReturnApplied::Unknown),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("no answer for a returned message".to_owned()),
+        }
+    }
+
+    /// Store new failures in one publish, counting them (`intake`, or `duplicates` for
+    /// an idempotent replay); answers those the policy made dead at once.
+    pub(super) async fn store(
+        &self,
+        engine: &Engine,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<Message>, String> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut dead = Vec::new();
+        for p in engine.publish(messages).await.map_err(err)? {
+            if p.replayed {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.counters.intake.fetch_add(1, Ordering::Relaxed);
+            if p.message.state == State::Dead {
+                dead.push(p.message);
+            }
+        }
+        Ok(dead)
+    }
+
     pub(super) fn set_state(&self, state: &str, error: Option<String>) {
         *self
             .state
@@ -267,16 +327,6 @@ async fn run(engine: Arc<Engine>, bridge: Arc<Bridge>, mut stop: watch::Receiver
 
 pub(super) fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
-}
-
-/// FNV-1a, 64 bits: a stable identity of a body without a message id.
-pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 pub(super) fn base64_encode(bytes: &[u8]) -> String {

@@ -29,7 +29,7 @@
 //! [`Store::returned`]: redrive_storage::Store::returned
 //! [`Store::release`]: redrive_storage::Store::release
 
-use super::{base64_decode, base64_encode, err, fnv1a, Bridge};
+use super::{base64_decode, base64_encode, err, Bridge, ReturnApplied};
 use crate::engine::Engine;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
@@ -40,8 +40,8 @@ use lapin::options::{
 use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
-use redrive_storage::{Ack, LeaseRef, Release, Returned, StoreError};
+use redrive_core::{fnv1a, ErrorClass, Failure, Message, MessageId, NewMessage};
+use redrive_storage::{Ack, LeaseRef, Release, Returned};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -300,38 +300,20 @@ async fn take_in(
     for d in deliveries {
         let (returned, message) = intake_of(s, d)?;
         if let Some(returned) = returned {
-            match engine.returned(vec![returned]).await.map_err(err)?.pop() {
-                Some(Ok(Some(outcome))) => {
-                    bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
-                    if outcome.message.state == State::Dead {
-                        bury(bridge, s, publish, &outcome.message).await;
+            match bridge.apply_return(engine, returned).await? {
+                ReturnApplied::Done(dead) => {
+                    if let Some(m) = dead {
+                        bury(bridge, s, publish, &m).await;
                     }
                     continue;
                 }
-                Some(Ok(None)) => {
-                    bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                // Purged or deleted since: store it as a new failure.
-                Some(Err(StoreError::NotFound(_))) => {}
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("no answer for a returned message".to_owned()),
+                ReturnApplied::Unknown => {}
             }
         }
         news.push(message);
     }
-    if news.is_empty() {
-        return Ok(());
-    }
-    for p in engine.publish(news).await.map_err(err)? {
-        if p.replayed {
-            bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
-        if p.message.state == State::Dead {
-            bury(bridge, s, publish, &p.message).await;
-        }
+    for m in bridge.store(engine, news).await? {
+        bury(bridge, s, publish, &m).await;
     }
     Ok(())
 }
@@ -455,12 +437,7 @@ async fn republish_loop(
                 Ok(r) => r,
                 Err(why) => {
                     // It cannot be sent as it came: a permanent failure, findable.
-                    let nack = redrive_storage::Nack {
-                        lease,
-                        failure: Failure::new(ErrorClass::Permanent, why),
-                        response: None,
-                    };
-                    engine.nack(vec![nack]).await.map_err(err)?;
+                    engine.reject(lease, why).await.map_err(err)?;
                     continue;
                 }
             };

@@ -21,12 +21,12 @@
 //!
 //! [`Store::returned`]: redrive_storage::Store::returned
 
-use super::{base64_decode, base64_encode, err, Bridge};
+use super::{base64_decode, base64_encode, err, Bridge, ReturnApplied};
 use crate::engine::Engine;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
-use redrive_storage::{Ack, LeaseRef, Release, Returned, StoreError};
+use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage};
+use redrive_storage::{Ack, LeaseRef, Release, Returned};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -248,21 +248,11 @@ async fn take_in(
             attempt,
             failure: failure.clone(),
         };
-        match engine.returned(vec![returned]).await.map_err(err)?.pop() {
-            Some(Ok(Some(outcome))) => {
-                bridge.counters.returned.fetch_add(1, Ordering::Relaxed);
-                if outcome.message.state == State::Dead {
-                    bury(bridge, s, conn, &outcome.message).await;
-                }
-                return Ok(());
+        if let ReturnApplied::Done(dead) = bridge.apply_return(engine, returned).await? {
+            if let Some(m) = dead {
+                bury(bridge, s, conn, &m).await;
             }
-            Some(Ok(None)) => {
-                bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            Some(Err(StoreError::NotFound(_))) => {}
-            Some(Err(e)) => return Err(e.to_string()),
-            None => return Err("no answer for a returned entry".to_owned()),
+            return Ok(());
         }
     }
     let mut payload = serde_json::Map::new();
@@ -293,17 +283,8 @@ async fn take_in(
     }
     message.idempotency_key = Some(format!("redis:{}:{entry}", s.name));
     message.failed = Some(failure);
-    let published = engine.publish(vec![message]).await.map_err(err)?;
-    let Some(p) = published.into_iter().next() else {
-        return Err("no answer for a stored entry".to_owned());
-    };
-    if p.replayed {
-        bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-        return Ok(());
-    }
-    bridge.counters.intake.fetch_add(1, Ordering::Relaxed);
-    if p.message.state == State::Dead {
-        bury(bridge, s, conn, &p.message).await;
+    for m in bridge.store(engine, vec![message]).await? {
+        bury(bridge, s, conn, &m).await;
     }
     Ok(())
 }
@@ -367,12 +348,8 @@ async fn republish_loop(
             let mut fields = match fields_of(&l.message) {
                 Ok(f) => f,
                 Err(why) => {
-                    let nack = redrive_storage::Nack {
-                        lease,
-                        failure: Failure::new(ErrorClass::Permanent, why),
-                        response: None,
-                    };
-                    engine.nack(vec![nack]).await.map_err(err)?;
+                    // It cannot be sent as it came: a permanent failure, findable.
+                    engine.reject(lease, why).await.map_err(err)?;
                     continue;
                 }
             };
