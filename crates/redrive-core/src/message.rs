@@ -167,7 +167,14 @@ pub enum HistoryEvent {
         dead_reason: Option<DeadReason>,
     },
     /// An operator redrove it: ready now, fresh attempt budget.
-    Redriven,
+    Redriven {
+        /// The operator replaced the payload before redriving it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        edited: bool,
+        /// The bulk task that redrove it, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        task: Option<String>,
+    },
     /// An operator killed it.
     Killed {
         /// The operator's reason.

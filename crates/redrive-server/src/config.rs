@@ -266,6 +266,18 @@ pub struct PushServerConfig {
     pub allow_cidrs: Vec<String>,
 }
 
+/// One `[[tokens]]` entry: a named secret with scopes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who this is, in the audit log (`ops-alice`, `billing-service`).
+    pub name: String,
+    /// The bearer secret, at least 16 characters.
+    pub secret: String,
+    /// `publish`, `consume`, `read`, `admin` (admin includes the others).
+    pub scopes: Vec<crate::api::auth::Scope>,
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -276,8 +288,11 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `fsync` (default) or `unsafe-buffered`.
     pub durability: DurabilityName,
-    /// Bearer tokens accepted on `/v1/*`. Empty: no authentication.
+    /// Bearer tokens accepted on `/v1/*` with every scope (admin). Empty (and no `tokens`):
+    /// no authentication.
     pub api_tokens: Vec<String>,
+    /// Named tokens with scopes (`[[tokens]]`).
+    pub tokens: Vec<TokenConfig>,
     /// Allow listening on a non-loopback address without any API token.
     pub dangerous_allow_unauthenticated_public_listen: bool,
     /// Extra `Host` names (no port) accepted besides loopback ones, e.g. a reverse proxy's.
@@ -330,6 +345,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./redrive-data"),
             durability: DurabilityName::Fsync,
             api_tokens: Vec::new(),
+            tokens: Vec::new(),
             dangerous_allow_unauthenticated_public_listen: false,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -474,6 +490,53 @@ impl Config {
         Ok(config)
     }
 
+    /// Whether any token (`tokens` or `api_tokens`) is configured.
+    pub fn has_tokens(&self) -> bool {
+        !self.tokens.is_empty() || !self.api_tokens.is_empty()
+    }
+
+    fn check_tokens(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        let mut secrets: std::collections::HashSet<&str> =
+            self.api_tokens.iter().map(|s| s.trim()).collect();
+        for (i, t) in self.tokens.iter().enumerate() {
+            let bad = |field: &str, reason: &str| {
+                Err(ConfigError::Value {
+                    key: format!("tokens[{i}].{field}"),
+                    reason: reason.into(),
+                })
+            };
+            let name = t.name.trim();
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+            {
+                return bad(
+                    "name",
+                    "1 to 64 characters of letters, digits, '-', '_', '.', '@'",
+                );
+            }
+            if !names.insert(name) {
+                return bad("name", &format!("{name:?} is used by another token"));
+            }
+            if t.secret.trim().len() < 16 {
+                return bad("secret", "must have at least 16 characters");
+            }
+            if !secrets.insert(t.secret.trim()) {
+                return bad("secret", "is the same as another token's");
+            }
+            if t.scopes.is_empty() {
+                return bad(
+                    "scopes",
+                    "give at least one of \"publish\", \"consume\", \"read\", \"admin\"",
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Check values and resolve every queue's policy once, so a bad one fails at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let val = |key: &str, reason: &str| {
@@ -523,6 +586,7 @@ impl Config {
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return val("api_tokens", "every token must have at least 16 characters");
         }
+        self.check_tokens()?;
         if self
             .allowed_hosts
             .iter()
@@ -902,7 +966,7 @@ fn push_queue_settings(
 }
 
 /// `"200/s"`, `"600/m"` or `"3600/h"` as calls per second.
-fn parse_rate(text: &str) -> Option<f64> {
+pub(crate) fn parse_rate(text: &str) -> Option<f64> {
     let (n, per) = text.trim().split_once('/')?;
     let n: f64 = n
         .trim()

@@ -28,8 +28,8 @@ pub enum ServerError {
     Config(#[from] ConfigError),
     /// Listening on a public address without a token, not explicitly allowed.
     #[error(
-        "refusing to listen on {0} without api_tokens: anyone who can reach it could read and delete messages. \
-         Set api_tokens (REDRIVE_API_TOKENS), listen on 127.0.0.1, or set \
+        "refusing to listen on {0} without any token (tokens or api_tokens): anyone who can reach it could read and delete messages. \
+         Set [[tokens]] or api_tokens (REDRIVE_API_TOKENS), listen on 127.0.0.1, or set \
          dangerous_allow_unauthenticated_public_listen = true"
     )]
     PublicWithoutToken(std::net::SocketAddr),
@@ -69,7 +69,7 @@ pub fn open_with_clock(
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
     if !config.listens_on_loopback()
-        && config.api_tokens.is_empty()
+        && !config.has_tokens()
         && !config.dangerous_allow_unauthenticated_public_listen
     {
         return Err(ServerError::PublicWithoutToken(config.listen));

@@ -47,6 +47,20 @@ pub enum StoreError {
     /// `next_cursor` may be passed back). Nothing was read. Tell the client 400.
     #[error("cursor {0:?} is not a next_cursor of this store")]
     InvalidCursor(String),
+    /// No task has that id. Tell the client 404.
+    #[error("no task with id {0}")]
+    TaskNotFound(String),
+    /// The task's state does not allow that (pause a finished task, resume a running one).
+    /// Tell the client 409.
+    #[error("task is {state}, {action} needs {allowed}", state = .state.as_str())]
+    InvalidTaskState {
+        /// The task's state.
+        state: crate::TaskState,
+        /// What was attempted.
+        action: &'static str,
+        /// The states that allow it.
+        allowed: &'static str,
+    },
     /// A previous write failed to reach the disk; the store refuses all writes until it is
     /// reopened (restart the process, check the disk). Tell the client 503.
     #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]

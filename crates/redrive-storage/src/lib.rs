@@ -23,6 +23,7 @@
 
 mod error;
 mod filter;
+mod ops;
 mod sqlite;
 mod store;
 
@@ -31,6 +32,9 @@ pub mod conformance;
 
 pub use error::StoreError;
 pub use filter::{MessageFilter, Page};
+pub use ops::{
+    AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
+};
 pub use sqlite::{
     Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,
 };

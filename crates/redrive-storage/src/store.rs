@@ -1,6 +1,9 @@
 //! The storage contract.
 
-use crate::{MessageFilter, Page, StoreError};
+use crate::{
+    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskState, TaskStep,
+    TaskStepOutcome,
+};
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
     Timestamp,
@@ -238,7 +241,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Make a dead or scheduled message ready now, with a fresh attempt budget and a
     /// fresh `max_age` window counted from now (SPEC §2); its history is kept.
-    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError>;
+    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError> {
+        self.redrive_with(id, None, now).await
+    }
+
+    /// [`Store::redrive`], replacing the payload with `payload` when given (an operator
+    /// fixed it); the history entry says it was edited.
+    async fn redrive_with(
+        &self,
+        id: MessageId,
+        payload: Option<serde_json::Value>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError>;
 
     /// Make a scheduled, ready or leased message dead with reason `killed`.
     async fn kill(
@@ -273,6 +287,53 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         cursor: Option<String>,
     ) -> Result<Page, StoreError>;
+
+    /// How many messages match `filter`.
+    async fn count(&self, filter: MessageFilter) -> Result<u64, StoreError>;
+
+    /// Store a new task (state `running` or, for an empty selection, `done`) and record
+    /// `audit`, in one transaction.
+    async fn task_create(&self, task: TaskRecord, audit: NewAudit) -> Result<(), StoreError>;
+
+    /// Move task `id` to `to` if it is in one of `from` (else
+    /// [`StoreError::InvalidTaskState`] naming `action`), setting `stop_reason` when given,
+    /// and record `audit`, in one transaction.
+    async fn task_transition(
+        &self,
+        id: String,
+        from: &'static [TaskState],
+        to: TaskState,
+        action: &'static str,
+        reason: Option<String>,
+        audit: Option<NewAudit>,
+        now: Timestamp,
+    ) -> Result<TaskRecord, StoreError>;
+
+    /// Act on the step's messages and advance the task, in one transaction; nothing when
+    /// the task is not `running`. A message the action is refused for (not in a state it
+    /// allows, gone) counts as `failed`. When `next_cursor` is `None` the task becomes
+    /// `done` and a `task.done` audit entry is recorded with it.
+    async fn task_step(
+        &self,
+        step: TaskStep,
+        now: Timestamp,
+    ) -> Result<TaskStepOutcome, StoreError>;
+
+    /// One task.
+    async fn task(&self, id: String) -> Result<Option<TaskRecord>, StoreError>;
+
+    /// The newest `limit` tasks, newest first.
+    async fn tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError>;
+
+    /// Record an operator action; returns its `seq`.
+    async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError>;
+
+    /// The audit log, newest first: `limit` entries with `seq` below `before` (all when `None`).
+    async fn audit_list(
+        &self,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<AuditRecord>, StoreError>;
 
     /// Counts per state of every queue that has messages.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;

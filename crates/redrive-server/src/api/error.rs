@@ -85,6 +85,10 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", msg),
             StoreError::InvalidCursor(_) => Self::bad_request("invalid_cursor", msg),
+            StoreError::TaskNotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", msg),
+            StoreError::InvalidTaskState { .. } => {
+                Self::new(StatusCode::CONFLICT, "invalid_task_state", msg)
+            }
             // `StoreError` is non-exhaustive: a kind this build does not know is a 500.
             other => {
                 let detail = other.to_string();

@@ -6,7 +6,7 @@ use super::{queue_name, ApiError, AppState, ErrorBody};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::Json;
-use redrive_core::{fingerprint, Message, State as MsgState, Timestamp};
+use redrive_core::{State as MsgState, Timestamp};
 use redrive_storage::MessageFilter;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -66,20 +66,6 @@ pub struct FailureGroups {
     pub truncated: bool,
 }
 
-/// The fingerprint of a dead message.
-fn fingerprint_of(m: &Message) -> (String, Option<String>) {
-    match &m.last_error {
-        Some(e) => (
-            fingerprint(e.class, e.message.as_deref()),
-            e.message.clone(),
-        ),
-        None => (
-            m.dead_reason.map_or("unknown", |r| r.as_str()).to_owned(),
-            None,
-        ),
-    }
-}
-
 /// Dead letters grouped by failure fingerprint, largest group first.
 #[utoipa::path(get, path = "/v1/failure-groups", tag = "messages", params(GroupsQuery),
     responses((status = 200, body = FailureGroups), (status = 400, description = "Bad filter, naming it", body = ErrorBody)))]
@@ -115,7 +101,7 @@ pub async fn list(
             .await?;
         for m in &page.messages {
             scanned += 1;
-            let (fp, message) = fingerprint_of(m);
+            let (fp, message) = redrive_core::fingerprint::of_message(m);
             let g = groups.entry(fp.clone()).or_insert_with(|| {
                 (
                     FailureGroup {

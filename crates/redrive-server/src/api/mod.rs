@@ -9,6 +9,7 @@
 //! `/openapi.json` is generated from the handlers' annotations by
 //! `utoipa-axum`, so it lists exactly the routes that exist.
 
+pub mod auth;
 mod bridges;
 mod browser;
 mod contract;
@@ -20,6 +21,7 @@ mod leases;
 mod limits;
 mod messages;
 mod queues;
+pub mod tasks;
 
 pub use error::{ApiError, ErrorBody};
 pub use limits::message_bound_bytes;
@@ -48,6 +50,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The server's configuration (limits, tokens).
     pub config: Arc<Config>,
+    /// The tokens that may call, with their scopes.
+    pub tokens: Arc<auth::Tokens>,
 }
 
 #[derive(OpenApi)]
@@ -57,6 +61,7 @@ pub struct AppState {
         (name = "messages", description = "Publish, inspect and act on messages"),
         (name = "leases", description = "Consume: lease, ack, nack, extend"),
         (name = "queues", description = "Queue counts and policies, push endpoints"),
+        (name = "tasks", description = "Bulk actions as durable tasks, and the audit log"),
         (name = "ops", description = "Health, readiness, metrics")
     ),
     components(schemas(ErrorBody, messages::PublishBatch))
@@ -83,6 +88,12 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(endpoints::list))
         .routes(routes!(bridges::list))
         .routes(routes!(groups::list))
+        .routes(routes!(tasks::create_task, tasks::list))
+        .routes(routes!(tasks::get))
+        .routes(routes!(tasks::pause))
+        .routes(routes!(tasks::resume))
+        .routes(routes!(tasks::cancel))
+        .routes(routes!(tasks::audit))
 }
 
 /// Liveness, readiness and metrics: open even when API tokens are configured.
@@ -96,11 +107,12 @@ fn ops() -> OpenApiRouter<AppState> {
 /// The whole HTTP application.
 pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -> axum::Router {
     let max_body = config.max_request_bytes;
-    let tokens: Arc<Vec<String>> = Arc::new(config.api_tokens.clone());
+    let tokens = Arc::new(auth::Tokens::from_config(&config));
     let state = AppState {
         engine,
         metrics,
         config,
+        tokens: tokens.clone(),
     };
     let browser = Arc::new(browser::BrowserGuard::new(
         state.config.listens_on_loopback(),
@@ -111,7 +123,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
     let v1_router = v1_router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {
             let tokens = tokens.clone();
-            async move { authorize(&tokens, req, next).await }
+            async move { auth::authorize(tokens, req, next).await }
         },
     ));
     let (ops, ops_doc) = ops().split_for_parts();
@@ -149,48 +161,6 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
         ))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
-}
-
-/// Bearer-token check for `/v1/*` when tokens are configured.
-async fn authorize(tokens: &[String], req: Request, next: Next) -> Response {
-    if tokens.is_empty() {
-        return next.run(req).await;
-    }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match given {
-        Some(t)
-            if tokens
-                .iter()
-                .any(|k| constant_time_eq(k.as_bytes(), t.as_bytes())) =>
-        {
-            next.run(req).await
-        }
-        _ => {
-            let mut r = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            )
-            .into_response();
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            r
-        }
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A JSON body with redrive's error answers; an empty body counts as `{}`.

@@ -11,6 +11,7 @@ mod clock;
 pub mod push;
 pub mod scheduler;
 mod signals;
+pub mod tasks;
 mod waiters;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -19,8 +20,8 @@ pub use signals::{Signal, SignalReceiver, Signals};
 use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
-    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, Release, Returned,
-    Store, StoreError,
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, NewAudit, Published, Release,
+    Returned, Store, StoreError, TaskAction,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -91,6 +92,7 @@ pub struct Engine {
     shutting_down: AtomicBool,
     push: push::Endpoints,
     bridges: bridge::Bridges,
+    tasks: tasks::Tasks,
 }
 
 impl std::fmt::Debug for Engine {
@@ -120,12 +122,18 @@ impl Engine {
             signals: Signals::default(),
             shutting_down: AtomicBool::new(false),
             push,
+            tasks: tasks::Tasks::default(),
         })
     }
 
     /// The bridges (SPEC §11).
     pub fn bridges(&self) -> &bridge::Bridges {
         &self.bridges
+    }
+
+    /// The bulk tasks' runner (SPEC §12).
+    pub fn tasks(&self) -> &tasks::Tasks {
+        &self.tasks
     }
 
     /// The push endpoints (SPEC §10).
@@ -338,30 +346,57 @@ impl Engine {
         self.store.extend(lease, by_ms, self.clock.now()).await
     }
 
-    /// Redrive a dead or scheduled message.
-    pub async fn redrive(&self, id: MessageId) -> Result<Message, StoreError> {
-        let m = self.store.redrive(id, self.clock.now()).await?;
-        self.waiters.wake(&m.queue, 1);
+    /// Redrive a dead or scheduled message; with `payload`, replace its payload first.
+    pub async fn redrive(
+        &self,
+        id: MessageId,
+        payload: Option<serde_json::Value>,
+    ) -> Result<Message, StoreError> {
+        let m = self
+            .store
+            .redrive_with(id, payload, self.clock.now())
+            .await?;
+        self.acted(TaskAction::Redrive, &m.queue, m.key.is_some());
         Ok(m)
     }
 
     /// Kill a message.
     pub async fn kill(&self, id: MessageId, reason: Option<String>) -> Result<Message, StoreError> {
         let m = self.store.kill(id, reason, self.clock.now()).await?;
-        self.metrics.dead(&m.queue, "killed");
-        if m.key.is_some() && self.key_ordered(&m.queue) {
-            self.waiters.wake(&m.queue, 1);
-        }
+        self.acted(TaskAction::Kill, &m.queue, m.key.is_some());
         Ok(m)
     }
 
     /// Delete a message.
     pub async fn delete(&self, id: MessageId) -> Result<Message, StoreError> {
         let m = self.store.delete(id).await?;
-        if m.key.is_some() && self.key_ordered(&m.queue) {
-            self.waiters.wake(&m.queue, 1);
-        }
+        self.acted(TaskAction::Delete, &m.queue, m.key.is_some());
         Ok(m)
+    }
+
+    /// After an operator action (alone or in a task) on a message of `queue`: wake its
+    /// consumers when it can make a message leasable, count a kill.
+    fn acted(&self, action: TaskAction, queue: &str, keyed: bool) {
+        match action {
+            TaskAction::Redrive => self.waiters.wake(queue, 1),
+            TaskAction::Kill | TaskAction::Delete => {
+                if action == TaskAction::Kill {
+                    self.metrics.dead(queue, "killed");
+                }
+                if keyed && self.key_ordered(queue) {
+                    self.waiters.wake(queue, 1);
+                }
+            }
+        }
+    }
+
+    /// Record an operator action in the audit log. A failure to record is logged, not
+    /// returned: the action itself has already committed.
+    pub async fn audit(&self, entry: NewAudit) {
+        let action = entry.action.clone();
+        if let Err(e) = self.store.audit(entry, self.clock.now()).await {
+            tracing::error!(error = %e, %action, "cannot record an operator action in the audit log");
+        }
     }
 
     /// One scheduler step (see [`scheduler`]).

@@ -9,7 +9,7 @@
 //! Each case gets its own store and runtime, and the store is closed after it.
 //!
 //! The cases live in one file per area: [`publish`], [`idempotency`], [`lease`],
-//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`].
+//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`].
 //!
 //! Time is explicit: every transition takes `now`, so the cases drive a fake
 //! clock from [`T0`] and never sleep. The catalog's policies are deterministic
@@ -46,6 +46,7 @@ pub mod operator;
 pub mod ordering;
 pub mod publish;
 pub mod search;
+pub mod tasks;
 pub mod tick_purge;
 
 pub use helpers::at;
@@ -259,6 +260,14 @@ macro_rules! conformance_tests {
                 search_pages_newest_first,
                 search_rejects_invalid_cursor,
                 queue_stats_counts_per_state,
+            ],
+            tasks: [
+                task_step_acts_and_advances_together,
+                task_step_of_paused_task_changes_nothing,
+                tasks_are_listed_newest_first,
+                audit_log_pages_newest_first,
+                redrive_with_payload_replaces_it,
+                count_matches_search,
             ],
             ordering: [
                 key_ordering_holds_later_message,

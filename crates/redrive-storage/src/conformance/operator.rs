@@ -62,7 +62,13 @@ pub async fn redrive_dead_gives_fresh_budget<S: Store>(s: Arc<S>) {
         ),
         "redrive dropped the old history"
     );
-    assert_eq!(dead.history[1].event, HistoryEvent::Redriven);
+    assert_eq!(
+        dead.history[1].event,
+        HistoryEvent::Redriven {
+            edited: false,
+            task: None
+        }
+    );
     assert_eq!(dead.history[1].at, at(100));
 }
 
@@ -344,7 +350,7 @@ pub async fn redrive_restarts_max_age_window<S: Store>(s: Arc<S>) {
     assert!(
         full.history
             .iter()
-            .any(|h| matches!(h.event, HistoryEvent::Redriven)),
+            .any(|h| matches!(h.event, HistoryEvent::Redriven { .. })),
         "the redrive is in the history"
     );
 }

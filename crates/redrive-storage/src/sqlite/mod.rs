@@ -14,6 +14,7 @@ mod checkpoint;
 mod group_commit;
 mod idempotency;
 mod key_order;
+mod ops;
 mod promotion;
 mod reads;
 mod row;
@@ -23,8 +24,9 @@ mod transitions;
 
 use crate::store::CommitStats;
 use crate::{
-    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Page,
-    Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError, TickOutcome,
+    Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
+    NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError,
+    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -410,8 +412,14 @@ impl Store for SqliteStore {
         self.write(move |w| w.extend(&lease, by_ms, now)).await
     }
 
-    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError> {
-        self.write(move |w| w.redrive(&id, now)).await
+    async fn redrive_with(
+        &self,
+        id: MessageId,
+        payload: Option<serde_json::Value>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError> {
+        self.write(move |w| w.redrive(&id, payload.as_ref(), None, now))
+            .await
     }
 
     async fn kill(
@@ -455,6 +463,56 @@ impl Store for SqliteStore {
     ) -> Result<Page, StoreError> {
         self.read(move |c| reads::search(c, &filter, limit, cursor.as_deref()))
             .await
+    }
+
+    async fn count(&self, filter: MessageFilter) -> Result<u64, StoreError> {
+        self.read(move |c| reads::count(c, &filter)).await
+    }
+
+    async fn task_create(&self, task: TaskRecord, audit: NewAudit) -> Result<(), StoreError> {
+        self.write(move |w| w.task_create(&task, &audit)).await
+    }
+
+    async fn task_transition(
+        &self,
+        id: String,
+        from: &'static [TaskState],
+        to: TaskState,
+        action: &'static str,
+        reason: Option<String>,
+        audit: Option<NewAudit>,
+        now: Timestamp,
+    ) -> Result<TaskRecord, StoreError> {
+        self.write(move |w| w.task_transition(&id, from, to, action, reason, audit.as_ref(), now))
+            .await
+    }
+
+    async fn task_step(
+        &self,
+        step: TaskStep,
+        now: Timestamp,
+    ) -> Result<TaskStepOutcome, StoreError> {
+        self.write(move |w| w.task_step(&step, now)).await
+    }
+
+    async fn task(&self, id: String) -> Result<Option<TaskRecord>, StoreError> {
+        self.read(move |c| ops::task(c, &id)).await
+    }
+
+    async fn tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
+        self.read(move |c| ops::tasks(c, limit)).await
+    }
+
+    async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError> {
+        self.write(move |w| w.audit_insert(&entry, now)).await
+    }
+
+    async fn audit_list(
+        &self,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<AuditRecord>, StoreError> {
+        self.read(move |c| ops::audit_list(c, before, limit)).await
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {

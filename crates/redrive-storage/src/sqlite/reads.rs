@@ -124,12 +124,9 @@ fn like_pattern(text: &str) -> String {
     p
 }
 
-pub fn search(
-    conn: &Connection,
-    filter: &MessageFilter,
-    limit: u32,
-    cursor: Option<&str>,
-) -> Result<Page, StoreError> {
+/// The `WHERE` conditions of `filter` (joined with `AND`, none when empty) and their
+/// arguments, shared by [`search`] and [`count`].
+fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
     let mut clauses: Vec<&str> = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(q) = &filter.queue {
@@ -166,9 +163,35 @@ pub fn search(
         clauses.push("created_at < ?");
         args.push(Value::Integer(u.as_millis()));
     }
+    (clauses.into_iter().map(str::to_owned).collect(), args)
+}
+
+/// How many messages match `filter`.
+pub fn count(conn: &Connection, filter: &MessageFilter) -> Result<u64, StoreError> {
+    let (clauses, args) = conditions(filter);
+    let where_ = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    let n: i64 = conn
+        .prepare_cached(&format!("SELECT COUNT(*) FROM messages {where_}"))
+        .db()?
+        .query_row(params_from_iter(args), |r| r.get(0))
+        .db()?;
+    Ok(n.max(0) as u64)
+}
+
+pub fn search(
+    conn: &Connection,
+    filter: &MessageFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<Page, StoreError> {
+    let (mut clauses, mut args) = conditions(filter);
     if let Some(c) = cursor {
         let seq = parse_cursor(c)?;
-        clauses.push("seq < ?");
+        clauses.push("seq < ?".to_owned());
         args.push(Value::Integer(seq));
     }
     let where_ = if clauses.is_empty() {

@@ -57,7 +57,10 @@ use rusqlite::Connection;
 /// - 4: `ix_key_leased` only holds leased messages that have a key (it held every leased
 ///   message, so each lease and each ack or nack of a message without a key inserted and
 ///   deleted an entry nobody reads).
-pub const SCHEMA_VERSION: i64 = 5;
+/// - 5: `messages.target_url` (push delivery's per-message target).
+/// - 6: the `tasks` and `audit` tables (bulk tasks and the audit log of the console); new
+///   tables only, created by [`SCHEMA`].
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The steps from each older version to the next: `(from, SQL)`. Each step only adds
 /// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
@@ -129,6 +132,30 @@ CREATE TABLE IF NOT EXISTS idempotency (
   PRIMARY KEY (queue, ikey)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ix_idempotency_expiry ON idempotency(expires_at);
+CREATE TABLE IF NOT EXISTS tasks (
+  id          TEXT PRIMARY KEY,
+  action      TEXT NOT NULL,
+  spec        TEXT NOT NULL,
+  state       TEXT NOT NULL,
+  total       INTEGER NOT NULL,
+  done        INTEGER NOT NULL DEFAULT 0,
+  failed      INTEGER NOT NULL DEFAULT 0,
+  cursor      TEXT,
+  created_by  TEXT NOT NULL,
+  created_at  INTEGER NOT NULL,
+  updated_at  INTEGER NOT NULL,
+  stop_reason TEXT
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+  seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+  at      INTEGER NOT NULL,
+  actor   TEXT NOT NULL,
+  action  TEXT NOT NULL,
+  target  TEXT,
+  filter  TEXT,
+  count   INTEGER NOT NULL,
+  detail  TEXT
+);
 "#;
 
 /// Create the schema, or upgrade an older one, or refuse a newer one; one transaction.

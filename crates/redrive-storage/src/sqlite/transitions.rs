@@ -785,7 +785,15 @@ impl WriterState {
         Ok(Timestamp::from_millis(new))
     }
 
-    pub fn redrive(&mut self, id: &MessageId, now: Timestamp) -> Result<Message, StoreError> {
+    /// Redrive `id`; with `payload`, replace its payload first (an operator's edit); `task`
+    /// names the bulk task doing it, for the history.
+    pub fn redrive(
+        &mut self,
+        id: &MessageId,
+        payload: Option<&serde_json::Value>,
+        task: Option<&str>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError> {
         let row = self.row_by_id(id)?;
         if !matches!(row.state, State::Dead | State::Scheduled) {
             return Err(StoreError::InvalidState {
@@ -800,11 +808,21 @@ impl WriterState {
                  prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL, window_start = ?2 WHERE seq = ?1",
             ).db()?
             .execute(params![row.seq, now.as_millis()]).db()?;
+        if let Some(payload) = payload {
+            self.conn
+                .prepare_cached("UPDATE messages SET payload = ?2 WHERE seq = ?1")
+                .db()?
+                .execute(params![row.seq, serde_json::to_string(payload)?])
+                .db()?;
+        }
         let entry = HistoryEntry {
             attempt: row.attempts,
             at: now,
             leased_at: None,
-            event: HistoryEvent::Redriven,
+            event: HistoryEvent::Redriven {
+                edited: payload.is_some(),
+                task: task.map(str::to_owned),
+            },
             response: None,
         };
         self.append_history(row.seq, &entry)?;

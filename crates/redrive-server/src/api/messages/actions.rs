@@ -1,12 +1,14 @@
 //! Operator actions on one message: `GET`/`DELETE /v1/messages/{id}`,
 //! `POST /v1/messages/{id}/redrive` and `/kill`.
 
+use crate::api::auth::Caller;
 use crate::api::limits::truncate_opt;
 use crate::api::{message_id, ApiError, ApiJson, AppState, ErrorBody};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
 use redrive_core::Message;
+use redrive_storage::NewAudit;
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -38,25 +40,83 @@ pub async fn get(
         (status = 404, description = "No such message", body = ErrorBody)))]
 pub async fn delete(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let id = message_id(&id)?;
     let m = s.engine.delete(id).await?;
+    audit_one(&s, &caller, "message.delete", &m, None).await;
     Ok(Json(serde_json::json!({"deleted": true, "message": m})))
 }
 
-/// Redrive: a dead or scheduled message becomes ready now, with a fresh attempt budget.
+/// The body of a redrive (optional).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveBody {
+    /// A new payload to redrive the message with (an operator's fix); the history says it
+    /// was edited. At most `max_payload_bytes` of JSON.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<serde_json::Value>,
+}
+
+/// Redrive: a dead or scheduled message becomes ready now, with a fresh attempt budget;
+/// with `payload`, its payload is replaced first.
 #[utoipa::path(post, path = "/v1/messages/{id}/redrive", tag = "messages",
     params(("id" = String, Path, description = "Message id")),
+    request_body(content = RedriveBody, description = "Optional"),
     responses((status = 200, description = "The message, now ready"),
+        (status = 400, description = "Payload too large", body = ErrorBody),
         (status = 404, description = "No such message", body = ErrorBody),
         (status = 409, description = "Not dead or scheduled", body = ErrorBody)))]
 pub async fn redrive(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    ApiJson(body): ApiJson<RedriveBody>,
 ) -> Result<Json<Message>, ApiError> {
     let id = message_id(&id)?;
-    Ok(Json(s.engine.redrive(id).await?))
+    if let Some(p) = &body.payload {
+        let bytes = serde_json::to_string(p).map_or(0, |t| t.len());
+        if bytes > s.config.max_payload_bytes {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!(
+                    "payload: {bytes} bytes of JSON, more than max_payload_bytes ({})",
+                    s.config.max_payload_bytes
+                ),
+            ));
+        }
+    }
+    let edited = body.payload.is_some();
+    let m = s.engine.redrive(id, body.payload).await?;
+    let action = if edited {
+        "message.edit_redrive"
+    } else {
+        "message.redrive"
+    };
+    audit_one(&s, &caller, action, &m, None).await;
+    Ok(Json(m))
+}
+
+/// Record an action on one message in the audit log.
+pub(crate) async fn audit_one(
+    s: &AppState,
+    caller: &Caller,
+    action: &str,
+    m: &Message,
+    detail: Option<String>,
+) {
+    s.engine
+        .audit(NewAudit {
+            actor: caller.name.clone(),
+            action: action.to_owned(),
+            target: Some(m.id.to_string()),
+            filter: Some(serde_json::json!({ "queue": m.queue })),
+            count: 1,
+            detail,
+        })
+        .await;
 }
 
 /// The body of a kill.
@@ -76,10 +136,13 @@ pub struct KillBody {
         (status = 409, description = "Already done or dead", body = ErrorBody)))]
 pub async fn kill(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<KillBody>,
 ) -> Result<Json<Message>, ApiError> {
     let id = message_id(&id)?;
     let reason = truncate_opt(body.reason, s.config.max_error_message_bytes);
-    Ok(Json(s.engine.kill(id, reason).await?))
+    let m = s.engine.kill(id, reason.clone()).await?;
+    audit_one(&s, &caller, "message.kill", &m, reason).await;
+    Ok(Json(m))
 }

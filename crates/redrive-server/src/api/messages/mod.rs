@@ -13,7 +13,8 @@ pub use actions::{
 };
 pub use export::{__path_export, export};
 pub use publish::{__path_publish, publish, PublishBatch};
-pub use search::{__path_search, search, CURSOR_PATTERN, MAX_PAGE};
+pub(crate) use search::filter_of;
+pub use search::{__path_search, search, SearchQuery, CURSOR_PATTERN, MAX_PAGE};
 
 use super::contract::Ranges;
 use super::limits::truncate_opt;

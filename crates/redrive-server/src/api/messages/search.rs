@@ -47,7 +47,7 @@ pub struct SearchQuery {
     pub format: Option<String>,
 }
 
-pub(super) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
+pub(crate) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
     if let Some(queue) = &q.queue {
         queue_name(queue)?;
     }

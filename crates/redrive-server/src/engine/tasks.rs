@@ -1,0 +1,358 @@
+//! Bulk tasks (SPEC §12): redrive, kill or delete every message a filter selects, as a
+//! durable task that survives restarts, at a rate, with pause / resume / cancel, and a
+//! redrive that stops by itself when the messages it redrove keep failing.
+//!
+//! The selection is the store's search, newest first, page by page; each page is one
+//! [`Store::task_step`], which acts on the page's messages and writes the task's cursor
+//! and counters in the same transaction. After a crash the task resumes after the last
+//! committed page, so no message is acted on twice. The selection is bounded by the
+//! task's creation time (`until`): messages published later are not selected.
+//!
+//! One runner loop serves every running task, one step each in turn, each at its own pace.
+//! How a redrive fares is watched in memory: the runner reads back messages it redrove;
+//! one that failed again (a `failed` history entry after the task's redrive, or dead) is
+//! a failure, one that is `done` a success. When at least `stop_min_outcomes` are known
+//! and more than `stop_failure_ratio` of the last 100 known failed, the task is `stopped`
+//! with the figures in `stop_reason`. The watch restarts empty after a restart.
+
+use super::Engine;
+use redrive_core::{fingerprint, ErrorClass, HistoryEvent, MessageId, State, Timestamp};
+use redrive_storage::{
+    MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+
+/// Messages acted on in one step when the task has no rate.
+pub const MAX_STEP: u32 = 200;
+/// Steps per second a rate-limited task aims at (its batch is rate / this).
+const STEPS_PER_SECOND: f64 = 5.0;
+/// Default stop rule of a redrive task.
+pub const DEFAULT_STOP_FAILURE_RATIO: f64 = 0.5;
+/// See [`DEFAULT_STOP_FAILURE_RATIO`].
+pub const DEFAULT_STOP_MIN_OUTCOMES: u32 = 20;
+/// Known outcomes the stop rule looks at (the most recent).
+const OUTCOME_WINDOW: usize = 100;
+/// Redriven messages watched per task at most (older ones are forgotten).
+const MAX_WATCHED: usize = 2_000;
+/// Redriven messages read back per step.
+const CHECKS_PER_STEP: usize = 20;
+/// A redriven message is read back at the earliest this long after its redrive.
+const CHECK_AFTER: Duration = Duration::from_millis(200);
+/// After a failed step (store error) wait this long before trying again.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// What a task selects and how it runs: stored as the task's spec, read back after a
+/// restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskPlan {
+    /// The filter as the operator gave it (shown back; not re-parsed).
+    pub filter: serde_json::Value,
+    /// Exact queue.
+    pub queue: Option<String>,
+    /// Exact state.
+    pub state: Option<State>,
+    /// Exact ordering key.
+    pub key: Option<String>,
+    /// Class of the last error.
+    pub error_class: Option<ErrorClass>,
+    /// Text in the payload or the last error.
+    pub text: Option<String>,
+    /// Created at or after.
+    pub since: Option<Timestamp>,
+    /// Created before (at most the task's creation).
+    pub until: Option<Timestamp>,
+    /// Only messages of this failure fingerprint (`GET /v1/failure-groups`).
+    pub fingerprint: Option<String>,
+    /// The rate as given (`"100/s"`).
+    pub rate: Option<String>,
+    /// Messages per second; `None`: as fast as the store goes.
+    pub rate_per_second: Option<f64>,
+    /// A kill's reason, for each message's history.
+    pub kill_reason: Option<String>,
+    /// Stop a redrive when more than this share of its known outcomes failed.
+    pub stop_failure_ratio: f64,
+    /// … once at least this many outcomes are known.
+    pub stop_min_outcomes: u32,
+}
+
+impl TaskPlan {
+    /// The store filter of the selection.
+    pub fn message_filter(&self) -> MessageFilter {
+        MessageFilter {
+            queue: self.queue.clone(),
+            state: self.state,
+            key: self.key.clone(),
+            error_class: self.error_class,
+            text: self.text.clone(),
+            since: self.since,
+            until: self.until,
+        }
+    }
+
+    /// The plan of a stored task.
+    pub fn of(task: &TaskRecord) -> Result<TaskPlan, StoreError> {
+        Ok(serde_json::from_value(task.spec.clone())?)
+    }
+
+    fn matches(&self, m: &redrive_core::Message) -> bool {
+        self.fingerprint
+            .as_deref()
+            .is_none_or(|f| fingerprint::of_message(m).0 == f)
+    }
+
+    /// Messages per step and the pause after a step of `n` messages.
+    fn pace(&self) -> (u32, impl Fn(usize) -> Duration) {
+        let rate = self.rate_per_second;
+        let batch = rate.map_or(MAX_STEP, |r| {
+            ((r / STEPS_PER_SECOND).floor() as u32).clamp(1, MAX_STEP)
+        });
+        (batch, move |n: usize| {
+            rate.map_or(Duration::ZERO, |r| Duration::from_secs_f64(n as f64 / r))
+        })
+    }
+}
+
+/// The tasks' runner and its wake-up.
+#[derive(Debug, Default)]
+pub struct Tasks {
+    wake: Notify,
+}
+
+impl Tasks {
+    /// Tell the runner that a task was created or resumed.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// How the messages a redrive task redrove fare.
+#[derive(Debug, Default)]
+struct Watch {
+    pending: VecDeque<(MessageId, Instant)>,
+    outcomes: VecDeque<bool>,
+    known: u64,
+}
+
+impl Watch {
+    fn failed_share(&self) -> (usize, usize) {
+        let failed = self.outcomes.iter().filter(|f| **f).count();
+        (failed, self.outcomes.len())
+    }
+
+    fn record(&mut self, failed: bool) {
+        self.known += 1;
+        self.outcomes.push_back(failed);
+        if self.outcomes.len() > OUTCOME_WINDOW {
+            self.outcomes.pop_front();
+        }
+    }
+}
+
+/// The runner's memory of one running task.
+#[derive(Debug)]
+struct Running {
+    next_at: Instant,
+    watch: Watch,
+}
+
+/// Count what `plan` selects now (a dry run, or a new task's `total`). With a fingerprint
+/// the selection is read page by page; without, the store counts.
+pub async fn count(engine: &Engine, plan: &TaskPlan) -> Result<u64, StoreError> {
+    let store = engine.store();
+    if plan.fingerprint.is_none() {
+        return store.count(plan.message_filter()).await;
+    }
+    let mut n = 0;
+    let mut cursor = None;
+    loop {
+        let page = store
+            .search(plan.message_filter(), 1_000, cursor.take())
+            .await?;
+        n += page.messages.iter().filter(|m| plan.matches(m)).count() as u64;
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(n),
+        }
+    }
+}
+
+/// Run every running task until `stop`.
+pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut running: HashMap<String, Running> = HashMap::new();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let tasks = match engine.store().tasks(1_000).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the tasks");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_DELAY) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
+        let live: Vec<TaskRecord> = tasks
+            .into_iter()
+            .filter(|t| t.state == TaskState::Running)
+            .collect();
+        running.retain(|id, _| live.iter().any(|t| &t.id == id));
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for task in &live {
+            let r = running.entry(task.id.clone()).or_insert_with(|| Running {
+                next_at: now,
+                watch: Watch::default(),
+            });
+            if r.next_at <= Instant::now() {
+                match step(&engine, task, &mut r.watch).await {
+                    Ok(pause) => r.next_at = Instant::now() + pause,
+                    Err(e) => {
+                        tracing::error!(task = %task.id, error = %e, "task step failed");
+                        r.next_at = Instant::now() + RETRY_DELAY;
+                    }
+                }
+            }
+            next = Some(next.map_or(r.next_at, |n| n.min(r.next_at)));
+        }
+        let sleep = match next {
+            Some(at) => at.saturating_duration_since(Instant::now()),
+            None => Duration::from_secs(3_600),
+        };
+        if sleep.is_zero() {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = engine.tasks().wake.notified() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One step of `task`: the next page of its selection, acted on. Returns the pause before
+/// its next step.
+async fn step(
+    engine: &Engine,
+    task: &TaskRecord,
+    watch: &mut Watch,
+) -> Result<Duration, StoreError> {
+    let plan = TaskPlan::of(task)?;
+    let (batch, pause) = plan.pace();
+    let store = engine.store();
+    let page = store
+        .search(plan.message_filter(), batch, task.cursor.clone())
+        .await?;
+    let selected: Vec<&redrive_core::Message> =
+        page.messages.iter().filter(|m| plan.matches(m)).collect();
+    let out = store
+        .task_step(
+            TaskStep {
+                task: task.id.clone(),
+                ids: selected.iter().map(|m| m.id).collect(),
+                next_cursor: page.next_cursor.clone(),
+                kill_reason: plan.kill_reason.clone(),
+            },
+            engine.clock().now(),
+        )
+        .await?;
+    if !out.ran {
+        return Ok(Duration::ZERO);
+    }
+    for m in selected.iter().filter(|m| out.applied.contains(&m.id)) {
+        engine.acted(task.action, &m.queue, m.key.is_some());
+    }
+    if out.task.state == TaskState::Done {
+        tracing::info!(task = %task.id, done = out.task.done, failed = out.task.failed, "task done");
+        return Ok(Duration::ZERO);
+    }
+    if task.action == TaskAction::Redrive {
+        let at = Instant::now();
+        watch.pending.extend(out.applied.iter().map(|id| (*id, at)));
+        while watch.pending.len() > MAX_WATCHED {
+            watch.pending.pop_front();
+        }
+        check_outcomes(engine, &plan, task, watch).await?;
+    }
+    Ok(pause(selected.len().max(1)))
+}
+
+/// Read back a few redriven messages; stop the task when too many failed again.
+async fn check_outcomes(
+    engine: &Engine,
+    plan: &TaskPlan,
+    task: &TaskRecord,
+    watch: &mut Watch,
+) -> Result<(), StoreError> {
+    for _ in 0..CHECKS_PER_STEP.min(watch.pending.len()) {
+        let Some((id, at)) = watch.pending.front().copied() else {
+            break;
+        };
+        if at.elapsed() < CHECK_AFTER {
+            break;
+        }
+        watch.pending.pop_front();
+        let Some(m) = engine.store().get(id).await? else {
+            continue; // deleted meanwhile: no outcome
+        };
+        let since_redrive = m
+            .history
+            .iter()
+            .rposition(|h| matches!(&h.event, HistoryEvent::Redriven { task: Some(t), .. } if *t == task.id))
+            .map_or(&m.history[..], |i| &m.history[i + 1..]);
+        let failed_again = since_redrive
+            .iter()
+            .any(|h| matches!(h.event, HistoryEvent::Failed { .. }));
+        match m.state {
+            _ if failed_again => watch.record(true),
+            State::Dead => watch.record(true),
+            State::Done => watch.record(false),
+            _ => watch.pending.push_back((id, at)),
+        }
+    }
+    let (failed, known) = watch.failed_share();
+    if watch.known >= u64::from(plan.stop_min_outcomes)
+        && known > 0
+        && failed as f64 / known as f64 > plan.stop_failure_ratio
+    {
+        let reason = format!(
+            "{failed} of the last {known} redriven messages failed again (more than {:.0} %): \
+             stopped after {} of {}; fix the cause, then start a new task",
+            plan.stop_failure_ratio * 100.0,
+            task.done,
+            task.total
+        );
+        tracing::warn!(task = %task.id, %reason, "task stopped by itself");
+        let audit = NewAudit {
+            actor: task.created_by.clone(),
+            action: "task.stopped".to_owned(),
+            target: Some(task.id.clone()),
+            filter: Some(plan.filter.clone()),
+            count: task.done,
+            detail: Some(reason.clone()),
+        };
+        match engine
+            .store()
+            .task_transition(
+                task.id.clone(),
+                &[TaskState::Running],
+                TaskState::Stopped,
+                "stop",
+                Some(reason),
+                Some(audit),
+                engine.clock().now(),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::InvalidTaskState { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

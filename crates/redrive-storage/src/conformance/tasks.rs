@@ -1,0 +1,270 @@
+//! Bulk tasks and the audit log: a step acts and advances together, a task that is not
+//! running is left alone, states move only along allowed edges, the log keeps its order.
+
+use super::helpers::*;
+use super::*;
+use crate::{NewAudit, TaskAction, TaskRecord, TaskState, TaskStep};
+
+fn task(id: &str, action: TaskAction, total: u64) -> TaskRecord {
+    TaskRecord {
+        id: id.to_owned(),
+        action,
+        spec: json!({"filter": {"queue": Q, "state": "dead"}}),
+        state: TaskState::Running,
+        total,
+        done: 0,
+        failed: 0,
+        cursor: None,
+        created_by: "ops".to_owned(),
+        created_at: at(0),
+        updated_at: at(0),
+        stop_reason: None,
+    }
+}
+
+fn audit(action: &str, count: u64) -> NewAudit {
+    NewAudit {
+        actor: "ops".to_owned(),
+        action: action.to_owned(),
+        target: None,
+        filter: None,
+        count,
+        detail: None,
+    }
+}
+
+/// `n` dead messages of [`Q`].
+async fn dead<S: Store>(s: &S, n: usize) -> Vec<MessageId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let m = publish(s, msg(Q, json!({ "n": i })), at(0)).await;
+        lease_and_nack(s, Q, m.id, failure(ErrorClass::Permanent, "bad"), at(0)).await;
+        ids.push(m.id);
+    }
+    ids
+}
+
+pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
+    let ids = dead(&*s, 3).await;
+    s.task_create(task("t1", TaskAction::Redrive, 3), audit("task.create", 3))
+        .await
+        .expect("create");
+    // One message is no longer dead when the step reaches it: refused, counted failed.
+    s.redrive(ids[2], at(1)).await.expect("redrive");
+    let out = s
+        .task_step(
+            TaskStep {
+                task: "t1".into(),
+                ids: ids.clone(),
+                next_cursor: Some("c1".into()),
+                kill_reason: None,
+            },
+            at(2),
+        )
+        .await
+        .expect("step");
+    assert!(out.ran);
+    assert_eq!(out.applied, ids[..2].to_vec());
+    assert_eq!((out.task.done, out.task.failed), (2, 1));
+    assert_eq!(out.task.cursor.as_deref(), Some("c1"));
+    assert_eq!(out.task.state, TaskState::Running);
+    let redriven = get(&*s, ids[0]).await;
+    assert_eq!(redriven.state, State::Ready);
+    assert!(
+        redriven.history.iter().any(|h| h.event
+            == HistoryEvent::Redriven {
+                edited: false,
+                task: Some("t1".into())
+            }),
+        "the history names the task: {:?}",
+        redriven.history
+    );
+    // The last step ends the task and records it in the audit log.
+    let out = s
+        .task_step(
+            TaskStep {
+                task: "t1".into(),
+                ids: vec![],
+                next_cursor: None,
+                kill_reason: None,
+            },
+            at(3),
+        )
+        .await
+        .expect("last step");
+    assert_eq!(out.task.state, TaskState::Done);
+    assert_eq!(out.task.cursor.as_deref(), Some("c1"), "the cursor is kept");
+    let log = s.audit_list(None, 10).await.expect("audit");
+    let actions: Vec<_> = log.iter().map(|a| a.entry.action.as_str()).collect();
+    assert_eq!(actions, ["task.done", "task.create"], "newest first");
+    assert_eq!(log[0].entry.count, 2);
+    assert!(log[0].seq > log[1].seq);
+}
+
+pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
+    let ids = dead(&*s, 2).await;
+    s.task_create(task("t2", TaskAction::Kill, 2), audit("task.create", 2))
+        .await
+        .expect("create");
+    let paused = s
+        .task_transition(
+            "t2".into(),
+            &[TaskState::Running],
+            TaskState::Paused,
+            "pause",
+            None,
+            Some(audit("task.pause", 0)),
+            at(1),
+        )
+        .await
+        .expect("pause");
+    assert_eq!(paused.state, TaskState::Paused);
+    let out = s
+        .task_step(
+            TaskStep {
+                task: "t2".into(),
+                ids: ids.clone(),
+                next_cursor: None,
+                kill_reason: None,
+            },
+            at(2),
+        )
+        .await
+        .expect("step");
+    assert!(!out.ran);
+    assert!(out.applied.is_empty());
+    assert_eq!(out.task.state, TaskState::Paused);
+    assert_eq!(get(&*s, ids[0]).await.state, State::Dead);
+    // Pausing again is refused and names the state; resume and cancel are allowed edges.
+    let again = s
+        .task_transition(
+            "t2".into(),
+            &[TaskState::Running],
+            TaskState::Paused,
+            "pause",
+            None,
+            None,
+            at(3),
+        )
+        .await;
+    assert!(
+        matches!(
+            again,
+            Err(StoreError::InvalidTaskState {
+                state: TaskState::Paused,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    let cancelled = s
+        .task_transition(
+            "t2".into(),
+            &[TaskState::Running, TaskState::Paused],
+            TaskState::Cancelled,
+            "cancel",
+            Some("not needed".into()),
+            None,
+            at(4),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert_eq!(cancelled.stop_reason.as_deref(), Some("not needed"));
+    let missing = s
+        .task_transition(
+            "nope".into(),
+            &[TaskState::Running],
+            TaskState::Paused,
+            "pause",
+            None,
+            None,
+            at(5),
+        )
+        .await;
+    assert!(
+        matches!(missing, Err(StoreError::TaskNotFound(_))),
+        "{missing:?}"
+    );
+}
+
+pub async fn tasks_are_listed_newest_first<S: Store>(s: Arc<S>) {
+    for id in ["0001", "0003", "0002"] {
+        s.task_create(task(id, TaskAction::Delete, 0), audit("task.create", 0))
+            .await
+            .expect("create");
+    }
+    let ids: Vec<_> = s
+        .tasks(10)
+        .await
+        .expect("tasks")
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(ids, ["0003", "0002", "0001"]);
+    let one = s.task("0002".into()).await.expect("task").expect("found");
+    assert_eq!(one.action, TaskAction::Delete);
+    assert_eq!(one.spec["filter"]["state"], "dead");
+    assert!(s.task("none".into()).await.expect("task").is_none());
+}
+
+pub async fn audit_log_pages_newest_first<S: Store>(s: Arc<S>) {
+    for i in 0..5 {
+        let mut a = audit("message.redrive", 1);
+        a.target = Some(format!("m{i}"));
+        a.filter = Some(json!({"i": i}));
+        s.audit(a, at(i)).await.expect("audit");
+    }
+    let first = s.audit_list(None, 2).await.expect("page 1");
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0].entry.target.as_deref(), Some("m4"));
+    assert_eq!(first[0].entry.filter, Some(json!({"i": 4})));
+    assert_eq!(first[0].at, at(4));
+    let rest = s.audit_list(Some(first[1].seq), 10).await.expect("page 2");
+    let targets: Vec<_> = rest.iter().filter_map(|a| a.entry.target.clone()).collect();
+    assert_eq!(targets, ["m2", "m1", "m0"]);
+}
+
+pub async fn redrive_with_payload_replaces_it<S: Store>(s: Arc<S>) {
+    let ids = dead(&*s, 1).await;
+    let m = s
+        .redrive_with(ids[0], Some(json!({"fixed": true})), at(5))
+        .await
+        .expect("redrive with payload");
+    assert_eq!(m.state, State::Ready);
+    assert_eq!(m.payload, json!({"fixed": true}));
+    assert_eq!(
+        m.history.last().map(|h| h.event.clone()),
+        Some(HistoryEvent::Redriven {
+            edited: true,
+            task: None
+        })
+    );
+    // Refused (not dead any more): the payload is not touched either.
+    let again = s.redrive_with(ids[0], Some(json!("other")), at(6)).await;
+    assert!(
+        matches!(again, Err(StoreError::InvalidState { .. })),
+        "{again:?}"
+    );
+    assert_eq!(get(&*s, ids[0]).await.payload, json!({"fixed": true}));
+}
+
+pub async fn count_matches_search<S: Store>(s: Arc<S>) {
+    dead(&*s, 3).await;
+    publish(&*s, msg(Q, json!("live")), at(0)).await;
+    let f = MessageFilter {
+        queue: Some(Q.into()),
+        state: Some(State::Dead),
+        ..MessageFilter::default()
+    };
+    assert_eq!(s.count(f).await.expect("count"), 3);
+    assert_eq!(
+        s.count(MessageFilter::default()).await.expect("count all"),
+        4
+    );
+    let text = MessageFilter {
+        text: Some("live".into()),
+        ..MessageFilter::default()
+    };
+    assert_eq!(s.count(text).await.expect("count text"), 1);
+}
