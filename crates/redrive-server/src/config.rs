@@ -1046,6 +1046,59 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_checked_and_named() {
+        let ok = load(
+            "api_tokens = [\"legacy-token-000001\"]\n[[tokens]]\nname = \"ops\"\nsecret = \"ops-secret-0000001\"\nscopes = [\"read\", \"admin\"]",
+            &[],
+        )
+        .unwrap();
+        assert!(ok.has_tokens());
+        let tokens = crate::api::auth::Tokens::from_config(&ok);
+        let ops = tokens.authenticate("ops-secret-0000001").unwrap();
+        assert_eq!(ops.name, "ops");
+        assert!(
+            ops.can(crate::api::auth::Scope::Publish),
+            "admin includes publish"
+        );
+        let legacy = tokens.authenticate("legacy-token-000001").unwrap();
+        assert_eq!(legacy.name, "api_tokens[0]");
+        assert!(tokens.authenticate("nope-nope-nope-nope").is_none());
+        let token = |name: &str, secret: &str, scopes: &str| {
+            format!("[[tokens]]\nname = \"{name}\"\nsecret = \"{secret}\"\nscopes = {scopes}\n")
+        };
+        let cases = [
+            (token("ops", "short", "[\"read\"]"), "tokens[0].secret"),
+            (
+                token("", "long-enough-secret-1", "[\"read\"]"),
+                "tokens[0].name",
+            ),
+            (
+                token("a b", "long-enough-secret-1", "[\"read\"]"),
+                "tokens[0].name",
+            ),
+            (
+                token("ops", "long-enough-secret-1", "[]"),
+                "tokens[0].scopes",
+            ),
+            (token("ops", "long-enough-secret-1", "[\"root\"]"), "root"),
+            (
+                token("ops", "long-enough-secret-1", "[\"read\"]")
+                    + &token("ops", "long-enough-secret-2", "[\"read\"]"),
+                "tokens[1].name",
+            ),
+            (
+                token("a", "long-enough-secret-1", "[\"read\"]")
+                    + &token("b", "long-enough-secret-1", "[\"read\"]"),
+                "tokens[1].secret",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = load(&text, &[]).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let e = load("[queues.orders.retry]\nmultiplier = 0.1", &[])
             .unwrap_err()
