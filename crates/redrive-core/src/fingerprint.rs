@@ -2,7 +2,7 @@
 //! and hex strings are replaced by placeholders, so `order 123 not found (req 0x9f3a)` and
 //! `order 456 not found (req 0x11b2)` are one group: `permanent: order <n> not found (req <hex>)`.
 
-use crate::ErrorClass;
+use crate::{ErrorClass, Message};
 
 /// Longest normalised message kept in a fingerprint, in characters.
 const MAX_CHARS: usize = 200;
@@ -12,6 +12,16 @@ pub fn fingerprint(class: ErrorClass, message: Option<&str>) -> String {
     match message.map(normalize).filter(|m| !m.is_empty()) {
         Some(m) => format!("{}: {m}", class.as_str()),
         None => class.as_str().to_owned(),
+    }
+}
+
+/// The fingerprint of a dead message (failure groups, dead-letter alerts): its last error's,
+/// or its dead reason when it has no error (a message an operator killed before any failure:
+/// `killed`).
+pub fn of_dead(m: &Message) -> String {
+    match &m.last_error {
+        Some(e) => fingerprint(e.class, e.message.as_deref()),
+        None => m.dead_reason.map_or("unknown", |r| r.as_str()).to_owned(),
     }
 }
 

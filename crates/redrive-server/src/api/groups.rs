@@ -66,18 +66,12 @@ pub struct FailureGroups {
     pub truncated: bool,
 }
 
-/// The fingerprint of a dead message.
+/// The fingerprint of a dead message, and its last error message as it was.
 fn fingerprint_of(m: &Message) -> (String, Option<String>) {
-    match &m.last_error {
-        Some(e) => (
-            fingerprint(e.class, e.message.as_deref()),
-            e.message.clone(),
-        ),
-        None => (
-            m.dead_reason.map_or("unknown", |r| r.as_str()).to_owned(),
-            None,
-        ),
-    }
+    (
+        fingerprint::of_dead(m),
+        m.last_error.as_ref().and_then(|e| e.message.clone()),
+    )
 }
 
 /// Dead letters grouped by failure fingerprint, largest group first.
