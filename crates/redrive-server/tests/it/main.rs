@@ -1,6 +1,7 @@
 //! HTTP integration tests: a real server (embedded store in a temp dir, fsync on)
 //! on an ephemeral loopback port, driven with reqwest.
 
+mod e2e_alerts;
 mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_bridge;
