@@ -1162,7 +1162,7 @@ fn push_queue_settings(
 }
 
 /// `"200/s"`, `"600/m"` or `"3600/h"` as calls per second.
-pub(crate) fn parse_rate(text: &str) -> Option<f64> {
+fn parse_rate(text: &str) -> Option<f64> {
     let (n, per) = text.trim().split_once('/')?;
     let n: f64 = n
         .trim()

@@ -506,6 +506,85 @@ fn patch(cfg: &Config, v: &mut Value) {
             json!({"type": "array", "items": {"$ref": "#/components/schemas/BatchItem"},
                    "minItems": 1, "maxItems": max_batch, "description": desc(p)})
         });
+        // Tasks: the filter needs one field with a value; a rate is a whole number per unit;
+        // a reason only with a kill.
+        set_prop(
+            schemas,
+            "TaskRequest",
+            "action",
+            |p| json!({"type": "string", "enum": ["redrive", "kill", "delete"], "description": desc(p)}),
+        );
+        set_prop(schemas, "TaskRequest", "rate", |p| {
+            nullable_pattern(&desc(p), super::tasks::RATE_PATTERN)
+        });
+        set_prop(
+            schemas,
+            "TaskRequest",
+            "stop_failure_ratio",
+            |p| json!({"type": ["number", "null"], "minimum": 0, "maximum": 1, "description": desc(p)}),
+        );
+        set_prop(
+            schemas,
+            "TaskRequest",
+            "stop_min_outcomes",
+            |p| json!({"type": ["integer", "null"], "minimum": 1, "maximum": u32::MAX, "description": desc(p)}),
+        );
+        if let Some(req) = schemas.get_mut("TaskRequest") {
+            req["not"] = json!({
+                "required": ["action", "reason"],
+                "properties": {"action": {"enum": ["redrive", "delete"]}, "reason": {"type": "string"}}
+            });
+        }
+        set_prop(schemas, "TaskFilter", "queue", |p| {
+            nullable_pattern(&desc(p), QUEUE_PATTERN)
+        });
+        set_prop(schemas, "TaskFilter", "state", |p| {
+            json!({"type": ["string", "null"], "enum": [state_enum[0], state_enum[1], state_enum[2],
+                   state_enum[3], state_enum[4], null], "description": desc(p)})
+        });
+        set_prop(schemas, "TaskFilter", "error_class", |p| {
+            json!({"type": ["string", "null"], "enum": [class_enum[0], class_enum[1], class_enum[2], null],
+                   "description": desc(p)})
+        });
+        for field in ["since", "until"] {
+            set_prop(schemas, "TaskFilter", field, |p| {
+                let mut s = nullable_pattern(&desc(p), &any_ts);
+                s["format"] = json!("date-time");
+                s
+            });
+        }
+        for field in ["q", "fingerprint"] {
+            set_prop(
+                schemas,
+                "TaskFilter",
+                field,
+                |p| json!({"type": ["string", "null"], "minLength": 1, "description": desc(p)}),
+            );
+        }
+        if let Some(f) = schemas.get_mut("TaskFilter") {
+            let fields = [
+                "queue",
+                "state",
+                "key",
+                "error_class",
+                "q",
+                "since",
+                "until",
+                "fingerprint",
+            ];
+            f["anyOf"] = Value::Array(
+                fields
+                    .iter()
+                    .map(|k| json!({"required": [k], "properties": {*k: {"type": "string"}}}))
+                    .collect(),
+            );
+        }
+        set_prop(
+            schemas,
+            "RedriveBody",
+            "payload",
+            |p| json!({"description": desc(p)}),
+        );
         // Answers: the message as every route shows it. Open to new fields (a later version
         // may add some); the ones listed are always as stated.
         if let Some(obj) = schemas.as_object_mut() {
@@ -583,7 +662,9 @@ fn patch(cfg: &Config, v: &mut Value) {
             // Optional bodies.
             if matches!(
                 path.as_str(),
-                "/v1/queues/{queue}/leases" | "/v1/messages/{id}/kill"
+                "/v1/queues/{queue}/leases"
+                    | "/v1/messages/{id}/kill"
+                    | "/v1/messages/{id}/redrive"
             ) {
                 if let Some(b) = op.get_mut("requestBody") {
                     b["required"] = json!(false);
@@ -618,7 +699,7 @@ fn patch(cfg: &Config, v: &mut Value) {
             if is_v1 {
                 add(
                     "401",
-                    "Missing or wrong bearer token (when api_tokens is set)",
+                    "Missing or wrong bearer token (when tokens are configured)",
                 );
                 add("500", "Internal error (logged on the server)");
                 add("503", "store_poisoned or shutting_down");

@@ -19,8 +19,27 @@ use redrive_storage::{AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-/// Fastest rate a task may be given, messages per second.
-pub const MAX_RATE: f64 = 100_000.0;
+/// A task's rate: a whole number from 1 to 99,999 per second, minute or hour.
+pub const RATE_PATTERN: &str = "^[1-9][0-9]{0,4}/[smh]$";
+
+/// Messages per second of a rate written as [`RATE_PATTERN`] says; `None` otherwise.
+fn parse_rate(text: &str) -> Option<f64> {
+    let (n, unit) = text.split_once('/')?;
+    let digits_ok = !n.is_empty()
+        && n.len() <= 5
+        && !n.starts_with('0')
+        && n.bytes().all(|b| b.is_ascii_digit());
+    let per = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3_600.0,
+        _ => return None,
+    };
+    digits_ok
+        .then(|| n.parse::<f64>().ok())
+        .flatten()
+        .map(|n| n / per)
+}
 
 /// Which messages a task selects: the filters of `GET /v1/messages`, ANDed.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, ToSchema)]
@@ -189,26 +208,21 @@ fn plan_of(req: &TaskRequest, now: Timestamp) -> Result<(TaskAction, TaskPlan), 
         ..SearchQuery::default()
     })
     .map_err(field)?;
-    if f.fingerprint.as_deref().is_some_and(str::is_empty) {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            "filter.fingerprint: must not be empty",
-        ));
+    for (field, value) in [("fingerprint", &f.fingerprint), ("q", &f.q)] {
+        if value.as_deref().is_some_and(str::is_empty) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!("filter.{field}: must not be empty"),
+            ));
+        }
     }
     let rate_per_second = match &req.rate {
-        Some(r) => Some(
-            crate::config::parse_rate(r)
-                .filter(|r| *r <= MAX_RATE)
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "invalid_rate",
-                        format!(
-                            "rate: {r:?} is not N/s, N/m or N/h with 0 < N and at most \
-                             {MAX_RATE} per second"
-                        ),
-                    )
-                })?,
-        ),
+        Some(r) => Some(parse_rate(r).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_rate",
+                format!("rate: {r:?} is not N/s, N/m or N/h with N a whole number from 1 to 99999"),
+            )
+        })?),
         None => None,
     };
     let ratio = req.stop_failure_ratio.unwrap_or(DEFAULT_STOP_FAILURE_RATIO);
