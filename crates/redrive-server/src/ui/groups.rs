@@ -116,7 +116,7 @@ pub async fn page(
                 "<td><form method=\"get\" action=\"/ui/tasks/new\" class=\"group-action\">\
                  <input type=\"hidden\" name=\"state\" value=\"dead\">\
                  <input type=\"hidden\" name=\"fingerprint\" value=\"{}\">{}\
-                 <select name=\"action\"><option>redrive</option><option>kill</option><option>delete</option></select> \
+                 <select name=\"action\"><option value=\"redrive\">redrive</option><option value=\"kill\">kill</option><option value=\"delete\">delete</option></select> \
                  <button>Review…</button></form></td>",
                 esc(&g.fingerprint),
                 single

@@ -52,7 +52,7 @@ pub async fn search(
     done: Result<Query<Done>, QueryRejection>,
 ) -> Response {
     let q = match q {
-        Ok(Query(q)) => q,
+        Ok(Query(q)) => blanks_unset(q),
         Err(e) => return api_error(&ui, bad_query(e)),
     };
     let mut b = String::from("<h1>Messages</h1>");
@@ -127,6 +127,26 @@ pub async fn search(
     html::page(StatusCode::OK, Some(&ui), "/ui/messages", "Messages", &b)
 }
 
+/// The search form sends every field, empty ones as `name=`: an empty filter is no filter.
+fn blanks_unset(mut q: SearchQuery) -> SearchQuery {
+    for f in [
+        &mut q.queue,
+        &mut q.state,
+        &mut q.key,
+        &mut q.error_class,
+        &mut q.q,
+        &mut q.since,
+        &mut q.until,
+        &mut q.cursor,
+        &mut q.format,
+    ] {
+        if f.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            *f = None;
+        }
+    }
+    q
+}
+
 fn capitalised(s: &str) -> String {
     let mut c = s.chars();
     c.next()
@@ -150,7 +170,7 @@ fn search_form(q: &SearchQuery) -> String {
             } else {
                 ""
             };
-            let _ = write!(s, "<option{sel}>{o}</option>");
+            let _ = write!(s, "<option value=\"{o}\"{sel}>{o}</option>");
         }
         s.push_str("</select></label>");
         s
@@ -215,6 +235,7 @@ pub async fn export(
     Extension(ui): Extension<Ui>,
     q: Result<Query<SearchQuery>, QueryRejection>,
 ) -> Response {
+    let q = q.map(|Query(q)| Query(blanks_unset(q)));
     match api_messages::export(State(s), q).await {
         Ok(r) => r,
         Err(e) => api_error(&ui, e),

@@ -209,6 +209,11 @@ async fn pages_answer_html_and_escape_what_clients_wrote() {
         "an error message is escaped: {search}"
     );
     assert!(search.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    // The form sends empty fields: they filter nothing.
+    let form = c
+        .html("/ui/messages?queue=&state=dead&key=&error_class=&q=upstream&since=&until=")
+        .await;
+    assert!(form.contains("<b class=\"total\">2 messages</b>"), "{form}");
     let none = c.html("/ui/messages?q=no-such-text").await;
     assert!(none.contains("<b class=\"total\">0 messages</b>"));
     let (st, _, bad) = c.get("/ui/messages?state=zombie").await;
