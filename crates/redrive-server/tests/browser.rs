@@ -158,7 +158,7 @@ async fn an_operator_finds_redrives_and_bulk_redrives_a_failure_group() {
     let d = Driver::start().await;
 
     sign_in(&d, &base, ADMIN).await;
-    d.screenshot(&shots.join("overview.png")).await;
+    d.screenshot_page(&shots.join("overview.png")).await;
 
     // Search dead letters by error text.
     d.goto(&format!("{base}/ui/messages")).await;
@@ -180,7 +180,7 @@ async fn an_operator_finds_redrives_and_bulk_redrives_a_failure_group() {
         src.contains("class=\"timeline\"")
     })
     .await;
-    d.screenshot(&shots.join("message.png")).await;
+    d.screenshot_page(&shots.join("message.png")).await;
     assert_eq!(s.message(&id).await["state"], "dead");
     d.click(&d.find("#redrive").await).await;
     d.wait_for("the message, now ready", 10, |url, src| {

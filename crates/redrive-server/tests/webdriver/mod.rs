@@ -286,6 +286,43 @@ impl Driver {
         std::fs::write(path, png).unwrap();
     }
 
+    /// Run `script` (a function body; `return` gives the result) in the page.
+    pub async fn execute(&self, script: &str, args: Value) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": args })),
+        )
+        .await
+    }
+
+    /// Save a PNG of the whole page to `path`: the window is made as tall as the page
+    /// for the shot, then put back.
+    pub async fn screenshot_page(&self, path: &Path) {
+        let size = self
+            .execute(
+                "return [window.outerWidth, window.outerHeight, window.innerHeight,                  document.documentElement.scrollHeight];",
+                json!([]),
+            )
+            .await;
+        let n = |i: usize| size[i].as_f64().unwrap_or(0.0);
+        let (w, outer, inner, page) = (n(0), n(1), n(2), n(3));
+        let tall = (page + (outer - inner)).clamp(outer, 4_000.0);
+        self.cmd(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": w, "height": tall})),
+        )
+        .await;
+        self.screenshot(path).await;
+        self.cmd(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": w, "height": outer})),
+        )
+        .await;
+    }
+
     /// Wait until `check` of the page source holds (polling; fails after `secs` with the page).
     pub async fn wait_for(
         &self,
