@@ -60,9 +60,10 @@ pub mod types;
 pub use error::Error;
 pub use export::Export;
 pub use types::{
-    BatchItem, BatchResponse, BatchResult, Deleted, ErrorDetail, ExportFormat, Extended, Filter,
-    LeaseRequest, LeaseResponse, LeasedMessage, NackError, Publish, Published, PublishedBatch,
-    QueueList, QueueView, SearchPage,
+    AuditEntry, AuditPage, BatchItem, BatchResponse, BatchResult, Deleted, DryRun, ErrorDetail,
+    ExportFormat, Extended, Filter, LeaseRequest, LeaseResponse, LeasedMessage, NackError, Publish,
+    Published, PublishedBatch, QueueList, QueueView, SearchPage, Task, TaskCreated, TaskList,
+    TaskRequest,
 };
 
 use bytes::Bytes;
@@ -456,6 +457,50 @@ impl Client {
     pub async fn delete(&self, id: &str) -> Result<Deleted, Error> {
         let url = self.url(&["v1", "messages", id], &[]);
         Ok(self.call(Method::DELETE, url, None::<&()>).await?.1)
+    }
+
+    /// Create a bulk task, or count what it would select (`dry_run`).
+    pub async fn create_task(&self, req: &TaskRequest) -> Result<TaskCreated, Error> {
+        let url = self.url(&["v1", "tasks"], &[]);
+        let (status, v): (_, serde_json::Value) =
+            self.call(Method::POST, url.clone(), Some(req)).await?;
+        let decode = |source| Error::Decode {
+            url: url.to_string(),
+            source,
+        };
+        Ok(if status == StatusCode::CREATED {
+            TaskCreated::Task(serde_json::from_value(v).map_err(decode)?)
+        } else {
+            TaskCreated::DryRun(serde_json::from_value(v).map_err(decode)?)
+        })
+    }
+
+    /// The tasks, newest first.
+    pub async fn tasks(&self) -> Result<TaskList, Error> {
+        let url = self.url(&["v1", "tasks"], &[]);
+        Ok(self.call(Method::GET, url, None::<&()>).await?.1)
+    }
+
+    /// One task.
+    pub async fn task(&self, id: &str) -> Result<Task, Error> {
+        let url = self.url(&["v1", "tasks", id], &[]);
+        Ok(self.call(Method::GET, url, None::<&()>).await?.1)
+    }
+
+    /// `pause`, `resume` or `cancel` a task.
+    pub async fn task_action(&self, id: &str, verb: &str) -> Result<Task, Error> {
+        let url = self.url(&["v1", "tasks", id, verb], &[]);
+        Ok(self.call(Method::POST, url, None::<&()>).await?.1)
+    }
+
+    /// A page of the audit log, newest first.
+    pub async fn audit(&self, limit: u32, cursor: Option<&str>) -> Result<AuditPage, Error> {
+        let mut q = vec![("limit", limit.to_string())];
+        if let Some(c) = cursor {
+            q.push(("cursor", c.to_owned()));
+        }
+        let url = self.url(&["v1", "audit"], &q);
+        Ok(self.call(Method::GET, url, None::<&()>).await?.1)
     }
 
     /// Every queue that has messages or a config section.

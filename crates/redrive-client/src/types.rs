@@ -458,3 +458,123 @@ mod tests {
         assert_eq!(r.items[0].error.as_ref().unwrap().code, "lease_expired");
     }
 }
+
+/// The body of `POST /v1/tasks`: a bulk action over what `filter` selects.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TaskRequest {
+    /// `redrive`, `kill` or `delete`.
+    pub action: String,
+    /// The selection: the filters of a search as query pairs (`queue`, `state`, …), plus
+    /// `fingerprint` for a failure group.
+    pub filter: BTreeMap<String, String>,
+    /// `"100/s"`, `"600/m"`; none: as fast as the store goes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Only count.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    /// A kill's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A redrive's stop rule (share of redriven messages failing again, 0–1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_failure_ratio: Option<f64>,
+}
+
+/// A bulk task (`/v1/tasks/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Its id.
+    pub id: String,
+    /// redrive | kill | delete.
+    pub action: String,
+    /// running | paused | done | cancelled | stopped.
+    pub state: String,
+    /// The filter as given.
+    pub filter: serde_json::Value,
+    /// The rate as given.
+    #[serde(default)]
+    pub rate: Option<String>,
+    /// Selected when created.
+    pub total: u64,
+    /// Acted on.
+    pub done: u64,
+    /// Refused (no longer in a state the action applies to, gone).
+    pub failed: u64,
+    /// Who created it.
+    pub created_by: String,
+    /// When.
+    pub created_at: Timestamp,
+    /// Last change.
+    pub updated_at: Timestamp,
+    /// Why it stopped or was cancelled, or the last refusal.
+    #[serde(default)]
+    pub stop_reason: Option<String>,
+}
+
+impl Task {
+    /// Whether it can never run again.
+    pub fn is_final(&self) -> bool {
+        matches!(self.state.as_str(), "done" | "cancelled" | "stopped")
+    }
+}
+
+/// What a dry run counted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DryRun {
+    /// The action that would run.
+    pub action: String,
+    /// The filter as given.
+    pub filter: serde_json::Value,
+    /// Messages it selects now.
+    pub total: u64,
+}
+
+/// The answer of `POST /v1/tasks`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskCreated {
+    /// A dry run's count.
+    DryRun(DryRun),
+    /// The new task.
+    Task(Task),
+}
+
+/// `GET /v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskList {
+    /// Newest first.
+    pub tasks: Vec<Task>,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Its place in the log.
+    pub seq: u64,
+    /// When.
+    pub at: Timestamp,
+    /// Who.
+    pub actor: String,
+    /// What.
+    pub action: String,
+    /// On what.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// A task's selection.
+    #[serde(default)]
+    pub filter: Option<serde_json::Value>,
+    /// How many messages.
+    pub count: u64,
+    /// More.
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// `GET /v1/audit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditPage {
+    /// Newest first.
+    pub entries: Vec<AuditEntry>,
+    /// For older entries.
+    pub next_cursor: Option<String>,
+}

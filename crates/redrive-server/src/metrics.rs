@@ -74,6 +74,12 @@ struct EndpointStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkKindLabels {
+    sink: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BridgeLabel {
     bridge: String,
 }
@@ -144,6 +150,7 @@ pub struct Metrics {
     endpoint_opened: Family<EndpointLabel, Gauge>,
     bridge_connected: Family<BridgeLabel, Gauge>,
     bridge_events: Family<BridgeEventLabels, Gauge>,
+    alerts_sent: Family<SinkKindLabels, Counter>,
     /// Per-minute counts for the console's charts (in memory, since start-up).
     series: series::Series,
     /// When these metrics were made (the process started), ms since the epoch.
@@ -351,6 +358,12 @@ impl Metrics {
             "Bridge events since start, by kind: intake, duplicates, returned, republished, republish_refused, dead, connects",
             bridge_events.clone(),
         );
+        let alerts_sent = Family::<SinkKindLabels, Counter>::default();
+        registry.register(
+            "redrive_alerts_sent",
+            "Alerts published into a sink's push queue, by sink and kind: dead_letters, oldest_ready_age, backlog",
+            alerts_sent.clone(),
+        );
         Self {
             registry,
             published,
@@ -380,9 +393,20 @@ impl Metrics {
             endpoint_opened,
             bridge_connected,
             bridge_events,
+            alerts_sent,
             series: series::Series::new(),
             started_at_ms: now_ms(),
         }
+    }
+
+    /// An alert of `kind` was published into `sink`'s queue.
+    pub fn alert_sent(&self, sink: &str, kind: &'static str) {
+        self.alerts_sent
+            .get_or_create(&SinkKindLabels {
+                sink: sink.to_owned(),
+                kind,
+            })
+            .inc();
     }
 
     /// Refresh the bridge gauges (at scrape time).

@@ -82,6 +82,14 @@ pub enum Command {
     },
     /// Show queues: counts per state, oldest ready age, policy.
     Queues(QueuesArgs),
+    /// Bulk actions as durable tasks: redrive, kill or delete what a filter selects, with
+    /// a dry run, a rate, progress, pause / resume / cancel.
+    Tasks {
+        #[command(subcommand)]
+        command: TasksCommand,
+    },
+    /// The audit log: every operator action, newest first.
+    Audit(AuditArgs),
     /// Drive a running server with load and print figures.
     Bench(bench::BenchArgs),
 }
@@ -288,6 +296,86 @@ pub struct ExportArgs {
 pub struct QueuesArgs {
     /// One queue; all queues when omitted.
     pub name: Option<String>,
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `redrive tasks …`.
+#[derive(Debug, Subcommand)]
+pub enum TasksCommand {
+    /// Create a task (or, with --dry-run, count what it would select).
+    Create(TaskCreateArgs),
+    /// List the tasks, newest first.
+    List {
+        /// Print the server's JSON answer instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one task; with --watch, follow its progress until it finishes.
+    Show {
+        /// The task's id.
+        id: String,
+        /// Follow its progress with a progress bar until it finishes.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Pause a running task (it resumes where it stopped).
+    Pause {
+        /// The task's id.
+        id: String,
+    },
+    /// Resume a paused task.
+    Resume {
+        /// The task's id.
+        id: String,
+    },
+    /// Cancel a running or paused task (what it did stays done).
+    Cancel {
+        /// The task's id.
+        id: String,
+    },
+}
+
+/// `redrive tasks create`.
+#[derive(Debug, Args)]
+pub struct TaskCreateArgs {
+    /// What to do to each selected message.
+    #[arg(long, value_parser = ["redrive", "kill", "delete"])]
+    pub action: String,
+    /// Which messages.
+    #[command(flatten)]
+    pub filters: Filters,
+    /// Only messages of this failure group (a fingerprint from GET /v1/failure-groups).
+    #[arg(long)]
+    pub fingerprint: Option<String>,
+    /// At most this many messages per second, minute or hour ("100/s", "600/m").
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Only count what the filter selects; create nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// A kill's reason, written in each message's history.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// A redrive stops by itself when more than this share (0–1) of the messages it
+    /// redrove fail again (server default 0.5).
+    #[arg(long)]
+    pub stop_failure_ratio: Option<f64>,
+    /// Follow the new task's progress until it finishes.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// `redrive audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Entries to show.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Older entries: the `next` cursor a previous page printed.
+    #[arg(long)]
+    pub cursor: Option<String>,
     /// Print the server's JSON answer instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -224,3 +224,114 @@ fn a_closed_pipe_ends_the_output_quietly() {
         assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_and_audit_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start(dir.path(), free_port(), CONFIG);
+    assert!(wait_ready(&reqwest::Client::new(), &mut node).await);
+    let s = node.base.clone();
+    // Three dead letters in `cli` (max_attempts 1).
+    for i in 0..3 {
+        let o = redrive(&s, &["publish", "cli", &format!("{{\"n\": {i}}}")]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let api = redrive_client::Client::new(&s).unwrap();
+    let leased = api
+        .lease(
+            "cli",
+            &redrive_client::LeaseRequest {
+                max: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for m in &leased {
+        api.nack(
+            &m.id.to_string(),
+            &m.lease,
+            Some(&redrive_client::NackError {
+                class: redrive_core::ErrorClass::Permanent,
+                message: Some("no such order".into()),
+                retry_after: None,
+            }),
+        )
+        .await
+        .unwrap();
+    }
+    let o = redrive(
+        &s,
+        &[
+            "tasks",
+            "create",
+            "--action",
+            "redrive",
+            "--queue",
+            "cli",
+            "--state",
+            "dead",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["total"], 3, "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("would redrive 3"),
+        "{}",
+        text(&o)
+    );
+    // No filter: a usage error naming the flags, nothing created.
+    let o = redrive(&s, &["tasks", "create", "--action", "delete"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--queue"),
+        "{}",
+        text(&o)
+    );
+    let o = redrive(
+        &s,
+        &[
+            "tasks", "create", "--action", "redrive", "--queue", "cli", "--state", "dead",
+            "--rate", "100/s", "--wait",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = json(&o);
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64()),
+        (Some("done"), Some(3)),
+        "{}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("3/3 100%"), "progress line: {}", text(&o));
+    let id = t["id"].as_str().unwrap().to_owned();
+    let o = redrive(&s, &["tasks", "list"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("id ") && out.contains(&id) && out.contains("done"),
+        "{out}"
+    );
+    let o = redrive(&s, &["tasks", "pause", &id]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "pausing a finished task: {}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("invalid_task_state"),
+        "{}",
+        text(&o)
+    );
+    let o = redrive(&s, &["audit"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("task.create") && out.contains("task.done") && out.contains("anonymous"),
+        "{out}"
+    );
+    node.child.kill().unwrap();
+}

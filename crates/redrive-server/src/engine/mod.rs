@@ -6,6 +6,7 @@
 //! ([`scheduler`]), and metrics. Each operation calls exactly one store
 //! transition, so its atomicity and durability are the store's.
 
+pub mod alerts;
 pub mod bridge;
 mod clock;
 pub mod push;
@@ -50,6 +51,8 @@ pub struct EngineConfig {
     pub push: push::PushConfig,
     /// Bridges (RabbitMQ, Redis Streams).
     pub bridges: Vec<bridge::BridgeSettings>,
+    /// The alert notifier (off without sinks).
+    pub alerts: alerts::AlertSettings,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +65,7 @@ impl Default for EngineConfig {
             purge_interval_ms: 60_000,
             push: push::PushConfig::default(),
             bridges: Vec::new(),
+            alerts: alerts::AlertSettings::default(),
         }
     }
 }
@@ -93,6 +97,7 @@ pub struct Engine {
     push: push::Endpoints,
     bridges: bridge::Bridges,
     tasks: tasks::Tasks,
+    dead_letters: alerts::DeadLetters,
 }
 
 impl std::fmt::Debug for Engine {
@@ -112,8 +117,10 @@ impl Engine {
     ) -> Result<Self, redrive_push::send::BuildError> {
         let push = push::Endpoints::new(&config.push)?;
         let bridges = bridge::Bridges::new(&config.bridges);
+        let dead_letters = alerts::DeadLetters::new(&config.alerts);
         Ok(Self {
             bridges,
+            dead_letters,
             store,
             config,
             metrics,
@@ -136,12 +143,17 @@ impl Engine {
         &self.tasks
     }
 
+    /// The record of recent deaths the alert notifier drains.
+    pub fn dead_letters(&self) -> &alerts::DeadLetters {
+        &self.dead_letters
+    }
+
     /// The push endpoints (SPEC §10).
     pub fn push(&self) -> &push::Endpoints {
         &self.push
     }
 
-    /// Start the background services (scheduler, purger, push delivery).
+    /// Start the background services (scheduler, purger, push delivery, bridges, alerts).
     pub fn start(self: Arc<Self>) -> scheduler::Background {
         scheduler::start(self)
     }
@@ -201,7 +213,7 @@ impl Engine {
                 continue;
             }
             if let Some(f) = &p.failure {
-                self.metrics.failed(f, None);
+                self.failure_seen(f, None);
             }
             let ready = usize::from(p.message.state == State::Ready);
             match per_queue.iter_mut().find(|(q, _, _)| *q == p.message.queue) {
@@ -293,8 +305,18 @@ impl Engine {
         Ok(out)
     }
 
+    /// Count a failed attempt; a message it made dead goes into the alert notifier's record
+    /// (the one place that sees every death by failure: nack, expired lease, return, publish
+    /// with `failed`).
+    fn failure_seen(&self, f: &FailureOutcome, delivery_outcome: Option<&'static str>) {
+        self.metrics.failed(f, delivery_outcome);
+        if f.dead_reason.is_some() {
+            self.dead_letters.record(&f.message, self.clock.now());
+        }
+    }
+
     fn after_failure(&self, f: &FailureOutcome, delivery_outcome: &'static str) {
-        self.metrics.failed(f, Some(delivery_outcome));
+        self.failure_seen(f, Some(delivery_outcome));
         let m = &f.message;
         let unblocks_key = m.state == State::Dead && m.key.is_some() && self.key_ordered(&m.queue);
         if m.state == State::Ready || unblocks_key {

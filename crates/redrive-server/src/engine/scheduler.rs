@@ -39,12 +39,13 @@ impl Background {
     }
 }
 
-/// Start the scheduler, the purger, the bulk tasks' runner, the push delivery workers and
-/// the bridges.
+/// Start the scheduler, the purger, the bulk tasks' runner, the push delivery workers,
+/// the bridges and the alert notifier.
 pub fn start(engine: Arc<Engine>) -> Background {
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = super::push::start(engine.clone(), &stop_rx);
     tasks.extend(super::bridge::start(engine.clone(), &stop_rx));
+    tasks.extend(super::alerts::start(engine.clone(), &stop_rx));
     tasks.push(tokio::spawn(scheduler_loop(
         engine.clone(),
         stop_rx.clone(),

@@ -30,6 +30,11 @@ pub enum Signal {
         /// Done messages deleted.
         done_deleted: u64,
     },
+    /// The alert notifier finished an evaluation.
+    AlertsChecked {
+        /// Alerts it published into sink queues (not counting replays of earlier ones).
+        published: usize,
+    },
 }
 
 /// The engine's signal sender.

@@ -1,6 +1,7 @@
 //! HTTP integration tests: a real server (embedded store in a temp dir, fsync on)
 //! on an ephemeral loopback port, driven with reqwest.
 
+mod e2e_alerts;
 mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_bridge;
@@ -16,5 +17,6 @@ mod e2e_publish;
 mod e2e_push;
 mod e2e_queues_ops;
 mod e2e_smoke;
+mod e2e_tasks;
 mod e2e_ui;
 mod harness;

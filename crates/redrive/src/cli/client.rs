@@ -190,6 +190,8 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
         Command::Publish(args) => publish(&api, &args).await,
         Command::Messages { command } => messages(&api, command).await,
         Command::Queues(args) => queues(&api, &args).await,
+        Command::Tasks { command } => super::tasks::run(&api, command).await,
+        Command::Audit(args) => super::tasks::audit(&api, &args).await,
         Command::Serve(_) | Command::Policy { .. } | Command::Bench(_) => {
             anyhow::bail!("internal: not a client command")
         }

@@ -4,6 +4,7 @@ pub mod client;
 pub mod output;
 pub mod policy;
 pub mod serve;
+pub mod tasks;
 
 use std::fmt;
 use std::process::ExitCode;
