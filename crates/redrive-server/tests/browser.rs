@@ -208,12 +208,12 @@ async fn an_operator_finds_redrives_and_bulk_redrives_a_failure_group() {
     })
     .await;
     let mut shot = false;
+    let progress_re = regex::Regex::new(r#"id="task-progress">(\d+) of 11<"#).unwrap();
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         // The page refreshes itself; only read it.
         let src = d.source().await;
-        let progress = regex::Regex::new(r#"id="task-progress">(\d+) of 11<"#)
-            .unwrap()
+        let progress = progress_re
             .captures(&src)
             .map(|c| c[1].parse::<u32>().unwrap());
         if !shot && progress.is_some_and(|p| p > 0 && p < 11) {

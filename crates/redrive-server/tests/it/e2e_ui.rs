@@ -370,7 +370,7 @@ async fn a_read_session_sees_no_action_and_is_refused() {
     let mut s = TestServer::start(&format!("{FAST}\n{}", tokens())).await;
     s.token = Some(ADMIN.to_owned());
     let admin = &s;
-    let id = dead(&admin, "orders", json!({"n": 1}), "boom 1").await;
+    let id = dead(admin, "orders", json!({"n": 1}), "boom 1").await;
     let mut c = Console::new(&s);
     c.sign_in(READER).await;
     let page = c.html(&format!("/ui/messages/{id}")).await;
