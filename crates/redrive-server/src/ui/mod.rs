@@ -67,9 +67,21 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/ui/login", get(login::form).post(login::sign_in))
         .route("/ui/logout", post(login::sign_out))
         .route("/ui/static/console.css", get(css))
+        .route("/ui/", get(|| async { session::see_other("/ui") }))
+        .route("/ui/{*rest}", get(not_found))
         .layer(axum::middleware::from_fn(
             move |req: Request, next: Next| session::gate(state.clone(), req, next),
         ))
+}
+
+/// Any other `GET /ui/…`: a 404 page (after the gate: only a signed-in caller sees it).
+async fn not_found(axum::Extension(ui): axum::Extension<Ui>) -> Response {
+    html::error_page(
+        StatusCode::NOT_FOUND,
+        Some(&ui),
+        "Not found",
+        "There is no console page here.",
+    )
 }
 
 async fn css() -> Response {

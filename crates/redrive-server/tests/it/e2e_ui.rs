@@ -305,6 +305,10 @@ async fn tokens_need_a_session_and_a_readable_token() {
     assert!(!set.contains("Secure"), "plain HTTP: no Secure: {set}");
     let page = c.html("/ui").await;
     assert!(page.contains("ops-admin"));
+    let (st, _, body) = c.get("/ui/no-such-page").await;
+    assert_eq!(st, 404);
+    assert!(body.contains("There is no console page here."));
+    assert_eq!(c.get("/ui/").await.1.as_deref(), Some("/ui"));
     // A made-up session is no session.
     c.cookie = Some("redrive_session=00000000000000000000000000000000".into());
     assert_eq!(c.get("/ui").await.0, 303);
@@ -556,4 +560,31 @@ async fn an_admin_edits_kills_deletes_and_runs_a_group_task() {
 
 fn urlencode(s: &str) -> String {
     serde_urlencoded::to_string([("x", s)]).unwrap()[2..].to_owned()
+}
+
+#[tokio::test]
+async fn the_cookie_is_secure_behind_a_tls_proxy_named_in_allowed_hosts() {
+    let s = TestServer::start(&format!(
+        "allowed_hosts = [\"redrive.example\"]\n{FAST}\n{}",
+        tokens()
+    ))
+    .await;
+    let c = Console::new(&s);
+    let sign_in = |proto: &'static str| {
+        c.http
+            .post(format!("{}/ui/login", c.base))
+            .header(reqwest::header::HOST, "redrive.example")
+            .header("x-forwarded-proto", proto)
+            .header(reqwest::header::ORIGIN, "https://redrive.example")
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("token={ADMIN}"))
+            .send()
+    };
+    for (proto, secure) in [("https", true), ("http", false)] {
+        let r = sign_in(proto).await.unwrap();
+        assert_eq!(r.status().as_u16(), 303, "{proto}");
+        let set = r.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+        assert_eq!(set.ends_with("; Secure"), secure, "{proto}: {set}");
+    }
+    s.stop().await;
 }
