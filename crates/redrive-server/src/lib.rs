@@ -13,6 +13,7 @@ pub mod api;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod ui;
 
 pub use config::{Config, ConfigError, Overrides};
 

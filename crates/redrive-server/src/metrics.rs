@@ -1,5 +1,8 @@
 //! Prometheus metrics (SPEC §8). Labels stay low-cardinality: queue, state,
-//! outcome, error class, reason — never a message id.
+//! outcome, error class, reason — never a message id. The console's per-minute charts
+//! are fed from the same hooks ([`series`]).
+
+pub mod series;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -148,6 +151,10 @@ pub struct Metrics {
     bridge_connected: Family<BridgeLabel, Gauge>,
     bridge_events: Family<BridgeEventLabels, Gauge>,
     alerts_sent: Family<SinkKindLabels, Counter>,
+    /// Per-minute counts for the console's charts (in memory, since start-up).
+    series: series::Series,
+    /// When these metrics were made (the process started), ms since the epoch.
+    started_at_ms: i64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -387,6 +394,8 @@ impl Metrics {
             bridge_connected,
             bridge_events,
             alerts_sent,
+            series: series::Series::new(),
+            started_at_ms: now_ms(),
         }
     }
 
@@ -504,9 +513,24 @@ impl Metrics {
         self.commit_changes.inc_by(n as u64);
     }
 
+    /// The console's per-minute series.
+    pub fn series(&self) -> &series::Series {
+        &self.series
+    }
+
+    /// When the series began (process start), ms since the epoch.
+    pub fn started_at_ms(&self) -> i64 {
+        self.started_at_ms
+    }
+
+    fn chart(&self, queue: &str, kind: series::Kind, n: u64) {
+        self.series.add(queue, kind, n, series::minute_of(now_ms()));
+    }
+
     /// `n` messages were published to `queue`.
     pub fn published(&self, queue: &str, n: u64) {
         self.published.get_or_create(&Self::q(queue)).inc_by(n);
+        self.chart(queue, series::Kind::Published, n);
     }
 
     /// A message was leased `lateness_ms` after it was due.
@@ -528,6 +552,7 @@ impl Metrics {
                 outcome: "acked",
             })
             .inc();
+        self.chart(queue, series::Kind::Done, 1);
         let result = if attempts <= 1 {
             "first_try"
         } else {
@@ -562,6 +587,7 @@ impl Metrics {
             self.retry_delay
                 .get_or_create(&Self::q(queue))
                 .observe(delay as f64 / 1000.0);
+            self.chart(queue, series::Kind::Retried, 1);
         }
         if let Some(reason) = outcome.dead_reason {
             self.dead(queue, reason.as_str());
@@ -570,6 +596,7 @@ impl Metrics {
 
     /// A message became dead.
     pub fn dead(&self, queue: &str, reason: &'static str) {
+        self.chart(queue, series::Kind::Dead, 1);
         self.dead_letters
             .get_or_create(&ReasonLabels {
                 queue: queue.to_owned(),
@@ -615,4 +642,11 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Wall-clock milliseconds since the epoch (the charts are labelled in wall-clock time).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

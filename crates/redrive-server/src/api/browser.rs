@@ -24,6 +24,10 @@
 //!    415 `unsupported_media_type`. A body-less request without a `Content-Type` is
 //!    accepted (`curl -X POST …/redrive`, a lease with no body): a browser cannot send one
 //!    cross-site without the `Origin` and `Sec-Fetch-Site` that check 2 refuses.
+//!    The console's forms (`/ui/…`) are the one exception: they post
+//!    `application/x-www-form-urlencoded`, and each carries a CSRF token bound to the
+//!    session and must come with this server's own `Origin` (`ui/session.rs`); checks 1
+//!    and 2 still run on them first.
 
 use super::ApiError;
 use axum::body::HttpBody as _;
@@ -84,7 +88,8 @@ impl BrowserGuard {
             }
         }
         self.check_origin(headers, host.as_deref())?;
-        if req.method() != Method::GET && req.method() != Method::HEAD {
+        let console = req.uri().path().starts_with("/ui/");
+        if req.method() != Method::GET && req.method() != Method::HEAD && !console {
             check_content_type(req)?;
         }
         Ok(())

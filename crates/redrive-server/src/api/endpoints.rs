@@ -66,8 +66,14 @@ pub struct EndpointList {
 /// The state of every push endpoint.
 #[utoipa::path(get, path = "/v1/endpoints", tag = "queues", responses((status = 200, body = EndpointList)))]
 pub async fn list(State(s): State<AppState>) -> Result<Json<EndpointList>, ApiError> {
-    let endpoints = s
-        .engine
+    Ok(Json(EndpointList {
+        endpoints: views(&s),
+    }))
+}
+
+/// The state of every push endpoint: the data of `GET /v1/endpoints` and of the console.
+pub(crate) fn views(s: &AppState) -> Vec<EndpointView> {
+    s.engine
         .push()
         .views()
         .into_iter()
@@ -95,6 +101,5 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<EndpointList>, ApiEr
                 },
             }
         })
-        .collect();
-    Ok(Json(EndpointList { endpoints }))
+        .collect()
 }

@@ -74,10 +74,21 @@ pub async fn list(
     q: Result<Query<GroupsQuery>, QueryRejection>,
 ) -> Result<Json<FailureGroups>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    if let Some(queue) = &q.queue {
+    let limit = q.limit.unwrap_or(DEFAULT_GROUPS);
+    collect(&s, q.queue, limit).await.map(Json)
+}
+
+/// The failure groups of `queue`'s dead letters (every queue's when `None`), largest
+/// first, at most `limit` of them: the data of `GET /v1/failure-groups` and of the
+/// console's groups page.
+pub(crate) async fn collect(
+    s: &AppState,
+    queue: Option<String>,
+    limit: u32,
+) -> Result<FailureGroups, ApiError> {
+    if let Some(queue) = &queue {
         queue_name(queue)?;
     }
-    let limit = q.limit.unwrap_or(DEFAULT_GROUPS);
     if limit == 0 || limit > MAX_GROUPS {
         return Err(ApiError::bad_request(
             "invalid_query",
@@ -85,7 +96,7 @@ pub async fn list(
         ));
     }
     let filter = MessageFilter {
-        queue: q.queue.clone(),
+        queue,
         state: Some(MsgState::Dead),
         ..MessageFilter::default()
     };
@@ -150,9 +161,9 @@ pub async fn list(
             .then(a.fingerprint.cmp(&b.fingerprint))
     });
     groups.truncate(limit as usize);
-    Ok(Json(FailureGroups {
+    Ok(FailureGroups {
         groups,
         scanned: scanned as u64,
         truncated,
-    }))
+    })
 }

@@ -11,17 +11,19 @@
 
 pub mod auth;
 mod bridges;
-mod browser;
-mod contract;
-mod endpoints;
+pub(crate) mod browser;
+pub(crate) mod contract;
+pub(crate) mod endpoints;
 mod error;
-mod groups;
+pub(crate) mod groups;
 mod health;
 mod leases;
-mod limits;
-mod messages;
-mod queues;
+pub(crate) mod limits;
+pub(crate) mod messages;
+pub(crate) mod queues;
 pub mod tasks;
+
+pub use browser::BrowserGuard;
 
 pub use error::{ApiError, ErrorBody};
 pub use limits::message_bound_bytes;
@@ -52,6 +54,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The tokens that may call, with their scopes.
     pub tokens: Arc<auth::Tokens>,
+    /// The console's signed-in sessions (`ui/session.rs`).
+    pub sessions: Arc<crate::ui::Sessions>,
 }
 
 #[derive(OpenApi)]
@@ -113,6 +117,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
         metrics,
         config,
         tokens: tokens.clone(),
+        sessions: Arc::new(crate::ui::Sessions::new()),
     };
     let browser = Arc::new(browser::BrowserGuard::new(
         state.config.listens_on_loopback(),
@@ -135,6 +140,7 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
     axum::Router::new()
         .merge(v1_router)
         .merge(ops)
+        .merge(crate::ui::router(state.clone()))
         .route(
             "/openapi.json",
             axum::routing::get(move || {
@@ -227,7 +233,8 @@ async fn json_errors(resp: Response) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
+    // (An HTML error is a console page: it stays HTML.)
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return resp;
     }

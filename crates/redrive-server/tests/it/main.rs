@@ -18,4 +18,5 @@ mod e2e_push;
 mod e2e_queues_ops;
 mod e2e_smoke;
 mod e2e_tasks;
+mod e2e_ui;
 mod harness;

@@ -3,10 +3,10 @@
 //! [`publish`], [`actions`] (get, redrive, kill, delete), [`search`], [`export`].
 //! The parsers shared by several of them (an error class, a reported failure) live here.
 
-mod actions;
-mod export;
+pub(crate) mod actions;
+pub(crate) mod export;
 mod publish;
-mod search;
+pub(crate) mod search;
 
 pub use actions::{
     __path_delete, __path_get, __path_kill, __path_redrive, delete, get, kill, redrive,
