@@ -34,6 +34,7 @@ pub use error::StoreError;
 pub use filter::{MessageFilter, Page};
 pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
+    TaskTransition,
 };
 pub use sqlite::{
     Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,

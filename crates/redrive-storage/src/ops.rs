@@ -133,6 +133,23 @@ pub struct TaskStep {
     pub kill_reason: Option<String>,
 }
 
+/// A move of a task between states (pause, resume, cancel, stop).
+#[derive(Debug, Clone)]
+pub struct TaskTransition {
+    /// The task.
+    pub id: String,
+    /// The states it may be in; else [`crate::StoreError::InvalidTaskState`] naming `action`.
+    pub from: &'static [TaskState],
+    /// The state it moves to.
+    pub to: TaskState,
+    /// The verb, for the error (`pause`, `resume`, `cancel`, `stop`).
+    pub action: &'static str,
+    /// Written as the task's `stop_reason` when given.
+    pub reason: Option<String>,
+    /// Recorded in the audit log in the same transaction.
+    pub audit: Option<NewAudit>,
+}
+
 /// What a step did.
 #[derive(Debug, Clone)]
 pub struct TaskStepOutcome {

@@ -1,8 +1,8 @@
 //! The storage contract.
 
 use crate::{
-    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskState, TaskStep,
-    TaskStepOutcome,
+    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskStep, TaskStepOutcome,
+    TaskTransition,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
@@ -295,17 +295,12 @@ pub trait Store: Send + Sync + 'static {
     /// `audit`, in one transaction.
     async fn task_create(&self, task: TaskRecord, audit: NewAudit) -> Result<(), StoreError>;
 
-    /// Move task `id` to `to` if it is in one of `from` (else
-    /// [`StoreError::InvalidTaskState`] naming `action`), setting `stop_reason` when given,
-    /// and record `audit`, in one transaction.
+    /// Move a task to `t.to` if it is in one of `t.from` (else
+    /// [`StoreError::InvalidTaskState`] naming `t.action`), setting `stop_reason` when a
+    /// reason is given, and record `t.audit`, in one transaction.
     async fn task_transition(
         &self,
-        id: String,
-        from: &'static [TaskState],
-        to: TaskState,
-        action: &'static str,
-        reason: Option<String>,
-        audit: Option<NewAudit>,
+        t: TaskTransition,
         now: Timestamp,
     ) -> Result<TaskRecord, StoreError>;
 

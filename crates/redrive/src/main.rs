@@ -305,7 +305,7 @@ pub struct QueuesArgs {
 #[derive(Debug, Subcommand)]
 pub enum TasksCommand {
     /// Create a task (or, with --dry-run, count what it would select).
-    Create(TaskCreateArgs),
+    Create(Box<TaskCreateArgs>),
     /// List the tasks, newest first.
     List {
         /// Print the server's JSON answer instead of a table.

@@ -159,19 +159,15 @@ impl Tokens {
         found
     }
 
-    /// The caller of a request from its `Authorization: Bearer` header: `Ok(None)` when
-    /// the header is absent, `Err` when it is there but wrong.
-    pub fn from_bearer(&self, headers: &axum::http::HeaderMap) -> Result<Option<Caller>, ()> {
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return Ok(None);
-        };
-        value
+    /// The caller of a request from its `Authorization: Bearer` header; `None` when the
+    /// header is absent, wrong, or not a bearer token.
+    pub fn from_bearer(&self, headers: &axum::http::HeaderMap) -> Option<Caller> {
+        headers
+            .get(header::AUTHORIZATION)?
             .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok()?
+            .strip_prefix("Bearer ")
             .and_then(|t| self.authenticate(t))
-            .map(Some)
-            .ok_or(())
     }
 }
 
@@ -205,8 +201,8 @@ pub async fn authorize(tokens: Arc<Tokens>, mut req: Request, next: Next) -> Res
         Caller::anonymous()
     } else {
         match tokens.from_bearer(req.headers()) {
-            Ok(Some(c)) => c,
-            Ok(None) | Err(()) => return unauthorized(),
+            Some(c) => c,
+            None => return unauthorized(),
         }
     };
     let route = req

@@ -17,7 +17,10 @@
 //!    anything but `same-origin` or `none` (so `same-site` too: a page on `localhost:3000`
 //!    is "same-site" with `localhost:7070`), is refused with 403 `cross_origin`, unless its
 //!    `Origin` is in `allowed_origins`. GETs included: a cross-site navigation to an export
-//!    is refused as well. Non-browser clients (curl, the CLI, the bench) send neither header.
+//!    is refused as well. One exception: a top-level navigation (`Sec-Fetch-Mode: navigate`,
+//!    `GET`) to a console page (`/ui…`), so that a link in an alert opens the console; the
+//!    other site cannot read the page, and the session cookie (SameSite=Strict) does not
+//!    come with it. Non-browser clients (curl, the CLI, the bench) send neither header.
 //! 3. **JSON only** (no "simple" bodies). A request other than `GET`/`HEAD` that carries a
 //!    `Content-Type` must say `application/json` (or `application/<something>+json`, any
 //!    parameters such as `charset`), and a body without a `Content-Type` is refused too:
@@ -87,8 +90,18 @@ impl BrowserGuard {
                 }
             }
         }
-        self.check_origin(headers, host.as_deref())?;
-        let console = req.uri().path().starts_with("/ui/");
+        let path = req.uri().path();
+        let read = req.method() == Method::GET || req.method() == Method::HEAD;
+        // A link to a console page followed from another site (an alert in a chat): a
+        // top-level navigation, which the other site cannot read, and which arrives without
+        // the SameSite=Strict session cookie (so, with tokens, it lands on the sign-in page).
+        let navigation = read
+            && (path == "/ui" || path.starts_with("/ui/"))
+            && headers
+                .get("sec-fetch-mode")
+                .is_some_and(|m| m.as_bytes() == b"navigate");
+        self.check_origin(headers, host.as_deref(), navigation)?;
+        let console = path.starts_with("/ui/");
         if req.method() != Method::GET && req.method() != Method::HEAD && !console {
             check_content_type(req)?;
         }
@@ -106,7 +119,12 @@ impl BrowserGuard {
         self.allowed_origins.iter().any(|o| o == origin)
     }
 
-    fn check_origin(&self, headers: &HeaderMap, host: Option<&str>) -> Result<(), ApiError> {
+    fn check_origin(
+        &self,
+        headers: &HeaderMap,
+        host: Option<&str>,
+        navigation: bool,
+    ) -> Result<(), ApiError> {
         let origin = headers
             .get(header::ORIGIN)
             .map(|v| normalize_origin(v.to_str().unwrap_or("null")));
@@ -124,7 +142,7 @@ impl BrowserGuard {
         }
         if let Some(site) = headers.get("sec-fetch-site") {
             let site = site.to_str().unwrap_or("");
-            if !matches!(site, "same-origin" | "none") && !listed {
+            if !matches!(site, "same-origin" | "none") && !listed && !navigation {
                 return Err(cross_origin(format!(
                     "Sec-Fetch-Site {site:?}: only same-origin requests (or an Origin in \
                      allowed_origins) are accepted from a browser"

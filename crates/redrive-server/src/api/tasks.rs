@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use redrive_core::{MessageId, Timestamp};
-use redrive_storage::{AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState};
+use redrive_storage::{AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskTransition};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -354,12 +354,14 @@ pub async fn transition(
         .engine
         .store()
         .task_transition(
-            id.to_owned(),
-            from,
-            to,
-            verb,
-            reason,
-            Some(audit),
+            TaskTransition {
+                id: id.to_owned(),
+                from,
+                to,
+                action: verb,
+                reason,
+                audit: Some(audit),
+            },
             s.engine.clock().now(),
         )
         .await?;

@@ -19,6 +19,7 @@ use super::Engine;
 use redrive_core::{fingerprint, ErrorClass, HistoryEvent, MessageId, State, Timestamp};
 use redrive_storage::{
     MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
+    TaskTransition,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -340,12 +341,14 @@ async fn check_outcomes(
         match engine
             .store()
             .task_transition(
-                task.id.clone(),
-                &[TaskState::Running],
-                TaskState::Stopped,
-                "stop",
-                Some(reason),
-                Some(audit),
+                TaskTransition {
+                    id: task.id.clone(),
+                    from: &[TaskState::Running],
+                    to: TaskState::Stopped,
+                    action: "stop",
+                    reason: Some(reason),
+                    audit: Some(audit),
+                },
                 engine.clock().now(),
             )
             .await

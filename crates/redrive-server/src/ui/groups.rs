@@ -94,7 +94,9 @@ pub async fn page(
                 format!(
                     "<a class=\"mono\" href=\"/ui/messages/{}\">{}</a>",
                     url(id),
-                    esc(id.get(..8).unwrap_or(id))
+                    // The tail: ids are UUIDv7, whose first digits are the time (the same
+                    // for messages that died together).
+                    esc(id.get(id.len().saturating_sub(8)..).unwrap_or(id))
                 )
             })
             .collect::<Vec<_>>()

@@ -325,3 +325,34 @@ allowed_origins = ["https://console.example.com"]"#;
     assert_error(&got, 403, "cross_origin");
     s.stop().await;
 }
+
+/// A link to the console in a chat (an alert) opens it: a cross-site top-level navigation
+/// to a `/ui` page passes the guard. Anything else cross-site stays refused: a navigation to
+/// the API, a script's fetch of a console page, a cross-site form post to the console.
+#[tokio::test]
+async fn a_cross_site_link_opens_the_console_and_nothing_else_gets_through() {
+    let s = TestServer::fast("").await;
+    let send = |method: Method, path: &str, mode: &str| {
+        s.client
+            .request(method, s.url(path))
+            .header("sec-fetch-site", "cross-site")
+            .header("sec-fetch-mode", mode)
+    };
+    for path in ["/ui", "/ui/messages?queue=orders&state=dead"] {
+        let r = send(Method::GET, path, "navigate").send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    let r = send(Method::GET, "/v1/messages", "navigate").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 403, "a navigation to the API");
+    let r = send(Method::GET, "/ui", "cors").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 403, "a script's fetch of a console page");
+    let r = send(Method::POST, "/ui/logout", "navigate")
+        .header(ORIGIN, "https://chat.example.com")
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body("csrf=x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403, "a cross-site form post");
+    s.stop().await;
+}

@@ -36,18 +36,22 @@ fn find_program(name: &str) -> Option<std::path::PathBuf> {
 }
 
 impl Driver {
-    /// Start chromedriver and a headless Chromium. Panics (the test fails, it is not
-    /// skipped) when either is missing.
-    pub async fn start() -> Driver {
-        let chromedriver = find_program("chromedriver").unwrap_or_else(|| {
-            panic!("chromedriver not found on PATH: install chromium chromium-driver (apt-get install chromium chromium-driver)")
-        });
+    /// Start chromedriver and a headless Chromium. When either is missing: under CI
+    /// (`CI=true`, whose script installs them) the test fails; elsewhere it says so and is
+    /// skipped (`None`), so that `cargo test --workspace` needs only a Rust toolchain.
+    pub async fn start() -> Option<Driver> {
         let chromium = ["chromium", "chromium-browser", "google-chrome"]
             .iter()
-            .find_map(|n| find_program(n))
-            .unwrap_or_else(|| {
-                panic!("chromium not found on PATH: install chromium chromium-driver")
-            });
+            .find_map(|n| find_program(n));
+        let (Some(chromedriver), Some(chromium)) = (find_program("chromedriver"), chromium) else {
+            let why = "chromium or chromedriver not found on PATH: install chromium \
+                       chromium-driver (apt-get install chromium chromium-driver)";
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{why}");
+            }
+            eprintln!("SKIPPED: the console's browser test: {why}");
+            return None;
+        };
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
@@ -112,12 +116,12 @@ impl Driver {
             .as_str()
             .unwrap_or_else(|| panic!("no browser session: {r}"))
             .to_owned();
-        Driver {
+        Some(Driver {
             http,
             session: format!("{base}/session/{id}"),
             _chromedriver: child,
             _profile: profile,
-        }
+        })
     }
 
     async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {

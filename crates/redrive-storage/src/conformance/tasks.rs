@@ -3,7 +3,7 @@
 
 use super::helpers::*;
 use super::*;
-use crate::{NewAudit, TaskAction, TaskRecord, TaskState, TaskStep};
+use crate::{NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskTransition};
 
 fn task(id: &str, action: TaskAction, total: u64) -> TaskRecord {
     TaskRecord {
@@ -108,12 +108,14 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
         .expect("create");
     let paused = s
         .task_transition(
-            "t2".into(),
-            &[TaskState::Running],
-            TaskState::Paused,
-            "pause",
-            None,
-            Some(audit("task.pause", 0)),
+            TaskTransition {
+                id: "t2".into(),
+                from: &[TaskState::Running],
+                to: TaskState::Paused,
+                action: "pause",
+                reason: None,
+                audit: Some(audit("task.pause", 0)),
+            },
             at(1),
         )
         .await
@@ -138,12 +140,14 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
     // Pausing again is refused and names the state; resume and cancel are allowed edges.
     let again = s
         .task_transition(
-            "t2".into(),
-            &[TaskState::Running],
-            TaskState::Paused,
-            "pause",
-            None,
-            None,
+            TaskTransition {
+                id: "t2".into(),
+                from: &[TaskState::Running],
+                to: TaskState::Paused,
+                action: "pause",
+                reason: None,
+                audit: None,
+            },
             at(3),
         )
         .await;
@@ -159,12 +163,14 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
     );
     let cancelled = s
         .task_transition(
-            "t2".into(),
-            &[TaskState::Running, TaskState::Paused],
-            TaskState::Cancelled,
-            "cancel",
-            Some("not needed".into()),
-            None,
+            TaskTransition {
+                id: "t2".into(),
+                from: &[TaskState::Running, TaskState::Paused],
+                to: TaskState::Cancelled,
+                action: "cancel",
+                reason: Some("not needed".into()),
+                audit: None,
+            },
             at(4),
         )
         .await
@@ -173,12 +179,14 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
     assert_eq!(cancelled.stop_reason.as_deref(), Some("not needed"));
     let missing = s
         .task_transition(
-            "nope".into(),
-            &[TaskState::Running],
-            TaskState::Paused,
-            "pause",
-            None,
-            None,
+            TaskTransition {
+                id: "nope".into(),
+                from: &[TaskState::Running],
+                to: TaskState::Paused,
+                action: "pause",
+                reason: None,
+                audit: None,
+            },
             at(5),
         )
         .await;

@@ -26,7 +26,7 @@ use crate::store::CommitStats;
 use crate::{
     Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
     NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError,
-    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TickOutcome,
+    TaskRecord, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -475,16 +475,10 @@ impl Store for SqliteStore {
 
     async fn task_transition(
         &self,
-        id: String,
-        from: &'static [TaskState],
-        to: TaskState,
-        action: &'static str,
-        reason: Option<String>,
-        audit: Option<NewAudit>,
+        t: TaskTransition,
         now: Timestamp,
     ) -> Result<TaskRecord, StoreError> {
-        self.write(move |w| w.task_transition(&id, from, to, action, reason, audit.as_ref(), now))
-            .await
+        self.write(move |w| w.task_transition(&t, now)).await
     }
 
     async fn task_step(

@@ -7,7 +7,8 @@
 use super::sql_error::SqlResultExt;
 use super::transitions::WriterState;
 use crate::{
-    AuditRecord, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
+    AuditRecord, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
+    TaskStepOutcome, TaskTransition,
 };
 use redrive_core::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -100,50 +101,34 @@ pub fn audit_list(
     limit: u32,
 ) -> Result<Vec<AuditRecord>, StoreError> {
     let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
-    let rows: Vec<(
-        i64,
-        i64,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        i64,
-        Option<String>,
-    )> = conn
+    let rows: Vec<(AuditRecord, Option<String>)> = conn
         .prepare_cached(
             "SELECT seq, at, actor, action, target, filter, count, detail FROM audit \
              WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
         )
         .db()?
         .query_map(params![before, limit.max(1)], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-            ))
+            let record = AuditRecord {
+                seq: r.get::<_, i64>(0)?.max(0) as u64,
+                at: Timestamp::from_millis(r.get(1)?),
+                entry: NewAudit {
+                    actor: r.get(2)?,
+                    action: r.get(3)?,
+                    target: r.get(4)?,
+                    filter: None,
+                    count: r.get::<_, i64>(6)?.max(0) as u64,
+                    detail: r.get(7)?,
+                },
+            };
+            Ok((record, r.get(5)?))
         })
         .db()?
         .collect::<Result<_, _>>()
         .db()?;
     rows.into_iter()
-        .map(|(seq, at, actor, action, target, filter, count, detail)| {
-            Ok(AuditRecord {
-                seq: seq.max(0) as u64,
-                at: Timestamp::from_millis(at),
-                entry: NewAudit {
-                    actor,
-                    action,
-                    target,
-                    filter: filter.map(|f| serde_json::from_str(&f)).transpose()?,
-                    count: count.max(0) as u64,
-                    detail,
-                },
-            })
+        .map(|(mut record, filter)| {
+            record.entry.filter = filter.map(|f| serde_json::from_str(&f)).transpose()?;
+            Ok(record)
         })
         .collect()
 }
@@ -208,23 +193,17 @@ impl WriterState {
     }
 
     /// Move a task between states (pause, resume, cancel, stop).
-    #[allow(clippy::too_many_arguments)]
     pub fn task_transition(
         &self,
-        id: &str,
-        from: &'static [TaskState],
-        to: TaskState,
-        action: &'static str,
-        reason: Option<String>,
-        audit: Option<&NewAudit>,
+        t: &TaskTransition,
         now: Timestamp,
     ) -> Result<TaskRecord, StoreError> {
-        let t = self.task_or_404(id)?;
-        if !from.contains(&t.state) {
+        let task = self.task_or_404(&t.id)?;
+        if !t.from.contains(&task.state) {
             return Err(StoreError::InvalidTaskState {
-                state: t.state,
-                action,
-                allowed: allowed_text(from),
+                state: task.state,
+                action: t.action,
+                allowed: allowed_text(t.from),
             });
         }
         self.conn
@@ -233,12 +212,12 @@ impl WriterState {
                  stop_reason = COALESCE(?4, stop_reason) WHERE id = ?1",
             )
             .db()?
-            .execute(params![id, to.as_str(), now.as_millis(), reason])
+            .execute(params![t.id, t.to.as_str(), now.as_millis(), t.reason])
             .db()?;
-        if let Some(a) = audit {
+        if let Some(a) = &t.audit {
             self.audit_insert(a, now)?;
         }
-        self.task_or_404(id)
+        self.task_or_404(&t.id)
     }
 
     /// Act on a batch and advance the task, in this job.

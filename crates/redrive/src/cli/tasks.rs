@@ -265,7 +265,7 @@ mod tests {
         match crate::Cli::try_parse_from(full).unwrap().command {
             crate::Command::Tasks {
                 command: TasksCommand::Create(a),
-            } => a,
+            } => *a,
             other => panic!("{other:?}"),
         }
     }
