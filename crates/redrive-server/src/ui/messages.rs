@@ -7,7 +7,7 @@
 
 use super::html::{self, esc, query, url};
 use super::{api_error, Ui};
-use crate::api::messages::actions::audit_one;
+use crate::api::messages::actions::{act, Action};
 use crate::api::messages::{self as api_messages, filter_of, SearchQuery};
 use crate::api::{message_id, ApiError, AppState};
 use axum::body::Bytes;
@@ -510,14 +510,7 @@ pub async fn redrive(
     Extension(ui): Extension<Ui>,
     Path(id): Path<String>,
 ) -> Response {
-    let r = async {
-        let id = message_id(&id)?;
-        let m = s.engine.redrive(id, None).await?;
-        audit_one(&s, &ui.caller, "message.redrive", &m, None).await;
-        Ok::<_, ApiError>(m)
-    }
-    .await;
-    match r {
+    match act(&s, &ui.caller, &id, Action::Redrive(None)).await {
         Ok(_) => after(&id, "redriven"),
         Err(e) => refused(&s, &ui, &id, e).await,
     }
@@ -551,25 +544,7 @@ pub async fn edit(
             }
         }
     };
-    let bytes = serde_json::to_string(&payload).map_or(0, |t| t.len());
-    let r = async {
-        let mid = message_id(&id)?;
-        if bytes > s.config.max_payload_bytes {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "The payload is {bytes} bytes of JSON, more than max_payload_bytes ({}); nothing was changed.",
-                    s.config.max_payload_bytes
-                ),
-            ));
-        }
-        let m = s.engine.redrive(mid, Some(payload)).await?;
-        audit_one(&s, &ui.caller, "message.edit_redrive", &m, None).await;
-        Ok(m)
-    }
-    .await;
-    match r {
+    match act(&s, &ui.caller, &id, Action::Redrive(Some(payload))).await {
         Ok(_) => after(&id, "edited"),
         Err(e) => refused(&s, &ui, &id, e).await,
     }
@@ -587,14 +562,7 @@ pub async fn kill(
         f.reason.filter(|r| !r.trim().is_empty()),
         s.config.max_error_message_bytes,
     );
-    let r = async {
-        let mid = message_id(&id)?;
-        let m = s.engine.kill(mid, reason.clone()).await?;
-        audit_one(&s, &ui.caller, "message.kill", &m, reason).await;
-        Ok::<_, ApiError>(m)
-    }
-    .await;
-    match r {
+    match act(&s, &ui.caller, &id, Action::Kill(reason)).await {
         Ok(_) => after(&id, "killed"),
         Err(e) => refused(&s, &ui, &id, e).await,
     }
@@ -620,14 +588,7 @@ pub async fn delete(
         )
         .await;
     }
-    let r = async {
-        let mid = message_id(&id)?;
-        let m = s.engine.delete(mid).await?;
-        audit_one(&s, &ui.caller, "message.delete", &m, None).await;
-        Ok::<_, ApiError>(m)
-    }
-    .await;
-    match r {
+    match act(&s, &ui.caller, &id, Action::Delete).await {
         Ok(m) => super::session::see_other(&format!(
             "/ui/messages?queue={}&done=deleted",
             url(&m.queue)

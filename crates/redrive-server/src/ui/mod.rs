@@ -13,7 +13,7 @@
 //! What it may use: the engine and the store (through `AppState`), the API's data
 //! functions (`api::queues::list`, `api::groups::collect`, `api::endpoints::views`,
 //! `api::tasks::create` / `transition`, `api::messages::export`, `filter_of`,
-//! `audit_one`), so a page shows what the API answers and an action through a page is
+//! `act`), so a page shows what the API answers and an action through a page is
 //! the API's action, audited with the same names and the session's token name. Nothing
 //! in the engine or the API knows about the console (except the browser guard, which
 //! lets its form posts through the JSON-only check, and `json_errors`, which leaves its

@@ -342,10 +342,17 @@ async fn a_cross_site_link_opens_the_console_and_nothing_else_gets_through() {
         let r = send(Method::GET, path, "navigate").send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{path}");
     }
-    let r = send(Method::GET, "/v1/messages", "navigate").send().await.unwrap();
+    let r = send(Method::GET, "/v1/messages", "navigate")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 403, "a navigation to the API");
     let r = send(Method::GET, "/ui", "cors").send().await.unwrap();
-    assert_eq!(r.status().as_u16(), 403, "a script's fetch of a console page");
+    assert_eq!(
+        r.status().as_u16(),
+        403,
+        "a script's fetch of a console page"
+    );
     let r = send(Method::POST, "/ui/logout", "navigate")
         .header(ORIGIN, "https://chat.example.com")
         .header(CONTENT_TYPE, "application/x-www-form-urlencoded")

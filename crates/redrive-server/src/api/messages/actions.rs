@@ -43,9 +43,7 @@ pub async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = message_id(&id)?;
-    let m = s.engine.delete(id).await?;
-    audit_one(&s, &caller, "message.delete", &m, None).await;
+    let m = act(&s, &caller, &id, Action::Delete).await?;
     Ok(Json(serde_json::json!({"deleted": true, "message": m})))
 }
 
@@ -74,33 +72,66 @@ pub async fn redrive(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<RedriveBody>,
 ) -> Result<Json<Message>, ApiError> {
-    let id = message_id(&id)?;
-    if let Some(p) = &body.payload {
-        let bytes = serde_json::to_string(p).map_or(0, |t| t.len());
-        if bytes > s.config.max_payload_bytes {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "payload: {bytes} bytes of JSON, more than max_payload_bytes ({})",
-                    s.config.max_payload_bytes
-                ),
-            ));
+    act(&s, &caller, &id, Action::Redrive(body.payload))
+        .await
+        .map(Json)
+}
+
+/// An operator action on one message.
+#[derive(Debug, Clone)]
+pub(crate) enum Action {
+    /// Redrive, with a new payload when given.
+    Redrive(Option<serde_json::Value>),
+    /// Kill, with a reason (already cut to `max_error_message_bytes`).
+    Kill(Option<String>),
+    /// Delete.
+    Delete,
+}
+
+/// Do `action` to message `id` (as given in a path) and record it in the audit log as
+/// `caller`'s: the one path of the API's and the console's single-message actions.
+pub(crate) async fn act(
+    s: &AppState,
+    caller: &Caller,
+    id: &str,
+    action: Action,
+) -> Result<Message, ApiError> {
+    let id = message_id(id)?;
+    let (m, name, detail) = match action {
+        Action::Redrive(payload) => {
+            if let Some(p) = &payload {
+                let bytes = serde_json::to_string(p).map_or(0, |t| t.len());
+                if bytes > s.config.max_payload_bytes {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        format!(
+                            "payload: {bytes} bytes of JSON, more than max_payload_bytes ({})",
+                            s.config.max_payload_bytes
+                        ),
+                    ));
+                }
+            }
+            let name = if payload.is_some() {
+                "message.edit_redrive"
+            } else {
+                "message.redrive"
+            };
+            (s.engine.redrive(id, payload).await?, name, None)
         }
-    }
-    let edited = body.payload.is_some();
-    let m = s.engine.redrive(id, body.payload).await?;
-    let action = if edited {
-        "message.edit_redrive"
-    } else {
-        "message.redrive"
+        Action::Kill(reason) => (
+            s.engine.kill(id, reason.clone()).await?,
+            "message.kill",
+            reason,
+        ),
+        Action::Delete => (s.engine.delete(id).await?, "message.delete", None),
     };
-    audit_one(&s, &caller, action, &m, None).await;
-    Ok(Json(m))
+    audit_one(s, caller, name, &m, detail).await;
+    Ok(m)
 }
 
 /// Record an action on one message in the audit log.
-pub(crate) async fn audit_one(
+async fn audit_one(
     s: &AppState,
     caller: &Caller,
     action: &str,
@@ -140,9 +171,6 @@ pub async fn kill(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<KillBody>,
 ) -> Result<Json<Message>, ApiError> {
-    let id = message_id(&id)?;
     let reason = truncate_opt(body.reason, s.config.max_error_message_bytes);
-    let m = s.engine.kill(id, reason.clone()).await?;
-    audit_one(&s, &caller, "message.kill", &m, reason).await;
-    Ok(Json(m))
+    act(&s, &caller, &id, Action::Kill(reason)).await.map(Json)
 }
