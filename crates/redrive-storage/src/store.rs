@@ -1,8 +1,8 @@
 //! The storage contract.
 
 use crate::{
-    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskStep, TaskStepOutcome,
-    TaskTransition,
+    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskState, TaskStep,
+    TaskStepOutcome, TaskTransition,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
@@ -317,8 +317,12 @@ pub trait Store: Send + Sync + 'static {
     /// One task.
     async fn task(&self, id: String) -> Result<Option<TaskRecord>, StoreError>;
 
-    /// The newest `limit` tasks, newest first.
-    async fn tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError>;
+    /// The newest `limit` tasks (in `state`, when given), newest first.
+    async fn tasks(
+        &self,
+        state: Option<TaskState>,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError>;
 
     /// Record an operator action; returns its `seq`.
     async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError>;

@@ -312,9 +312,16 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .expect("version");
     assert_eq!(
         version,
-        "5", // the current schema version (schema.rs SCHEMA_VERSION)
+        "6", // the current schema version (schema.rs SCHEMA_VERSION)
         "the data directory is marked upgraded"
     );
+    // Version 6's tables (bulk tasks, the audit log) exist, empty.
+    for table in ["tasks", "audit"] {
+        let n: i64 = raw(dir.path())
+            .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("table {table} after the upgrade: {e}"));
+        assert_eq!(n, 0, "{table}");
+    }
     // And it opens again as a current one.
     SqliteStore::open(options(dir.path()))
         .expect("reopen")

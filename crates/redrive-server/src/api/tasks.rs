@@ -398,7 +398,7 @@ pub struct TaskList {
 /// Tasks, newest first.
 #[utoipa::path(get, path = "/v1/tasks", tag = "tasks", responses((status = 200, body = TaskList)))]
 pub async fn list(State(s): State<AppState>) -> Result<Json<TaskList>, ApiError> {
-    let tasks = s.engine.store().tasks(1_000).await?;
+    let tasks = s.engine.store().tasks(None, 1_000).await?;
     Ok(Json(TaskList {
         tasks: tasks.iter().map(TaskView::of).collect(),
     }))

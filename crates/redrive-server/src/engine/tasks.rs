@@ -188,7 +188,11 @@ pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             return;
         }
-        let tasks = match engine.store().tasks(1_000).await {
+        let live = match engine
+            .store()
+            .tasks(Some(TaskState::Running), u32::MAX)
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the tasks");
@@ -198,10 +202,6 @@ pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                 }
             }
         };
-        let live: Vec<TaskRecord> = tasks
-            .into_iter()
-            .filter(|t| t.state == TaskState::Running)
-            .collect();
         running.retain(|id, _| live.iter().any(|t| &t.id == id));
         let now = Instant::now();
         let mut next: Option<Instant> = None;

@@ -202,7 +202,7 @@ pub async fn create(
 
 /// `GET /ui/tasks`.
 pub async fn list(State(s): State<AppState>, Extension(ui): Extension<Ui>) -> Response {
-    let tasks = match s.engine.store().tasks(200).await {
+    let tasks = match s.engine.store().tasks(None, 200).await {
         Ok(t) => t,
         Err(e) => return api_error(&ui, e.into()),
     };

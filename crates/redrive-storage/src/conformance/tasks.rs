@@ -203,13 +203,34 @@ pub async fn tasks_are_listed_newest_first<S: Store>(s: Arc<S>) {
             .expect("create");
     }
     let ids: Vec<_> = s
-        .tasks(10)
+        .tasks(None, 10)
         .await
         .expect("tasks")
         .into_iter()
         .map(|t| t.id)
         .collect();
     assert_eq!(ids, ["0003", "0002", "0001"]);
+    s.task_transition(
+        TaskTransition {
+            id: "0002".into(),
+            from: &[TaskState::Running],
+            to: TaskState::Paused,
+            action: "pause",
+            reason: None,
+            audit: None,
+        },
+        at(1),
+    )
+    .await
+    .expect("pause");
+    let running: Vec<_> = s
+        .tasks(Some(TaskState::Running), 10)
+        .await
+        .expect("running tasks")
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(running, ["0003", "0001"], "only the running ones");
     let one = s.task("0002".into()).await.expect("task").expect("found");
     assert_eq!(one.action, TaskAction::Delete);
     assert_eq!(one.spec["filter"]["state"], "dead");

@@ -26,7 +26,7 @@ use crate::store::CommitStats;
 use crate::{
     Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
     NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError,
-    TaskRecord, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -493,8 +493,12 @@ impl Store for SqliteStore {
         self.read(move |c| ops::task(c, &id)).await
     }
 
-    async fn tasks(&self, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
-        self.read(move |c| ops::tasks(c, limit)).await
+    async fn tasks(
+        &self,
+        state: Option<TaskState>,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        self.read(move |c| ops::tasks(c, state, limit)).await
     }
 
     async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError> {

@@ -81,13 +81,22 @@ pub fn task(conn: &Connection, id: &str) -> Result<Option<TaskRecord>, StoreErro
     raw.map(parse_task).transpose()
 }
 
-/// The newest `limit` tasks.
-pub fn tasks(conn: &Connection, limit: u32) -> Result<Vec<TaskRecord>, StoreError> {
-    let sql = format!("SELECT {TASK_COLUMNS} FROM tasks ORDER BY id DESC LIMIT ?1");
+/// The newest `limit` tasks (in `state`, when given).
+pub fn tasks(
+    conn: &Connection,
+    state: Option<TaskState>,
+    limit: u32,
+) -> Result<Vec<TaskRecord>, StoreError> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM tasks WHERE ?1 IS NULL OR state = ?1 ORDER BY id DESC LIMIT ?2"
+    );
     let raws: Vec<_> = conn
         .prepare_cached(&sql)
         .db()?
-        .query_map([limit.max(1)], task_from_row)
+        .query_map(
+            params![state.map(TaskState::as_str), i64::from(limit.max(1))],
+            task_from_row,
+        )
         .db()?
         .collect::<Result<_, _>>()
         .db()?;

@@ -146,6 +146,7 @@ CREATE TABLE IF NOT EXISTS tasks (
   updated_at  INTEGER NOT NULL,
   stop_reason TEXT
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_tasks_state ON tasks(state, id);
 CREATE TABLE IF NOT EXISTS audit (
   seq     INTEGER PRIMARY KEY AUTOINCREMENT,
   at      INTEGER NOT NULL,
