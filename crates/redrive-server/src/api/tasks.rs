@@ -91,7 +91,9 @@ pub struct TaskRequest {
     /// failed again. Default 0.5; 1 never stops.
     pub stop_failure_ratio: Option<f64>,
     /// … once at least this many outcomes are known. Default 20.
-    pub stop_min_outcomes: Option<u32>,
+    #[serde(default, deserialize_with = "super::contract::opt_integral")]
+    #[schema(value_type = Option<u32>)]
+    pub stop_min_outcomes: Option<i64>,
 }
 
 /// A task, as answered.
@@ -232,13 +234,15 @@ fn plan_of(req: &TaskRequest, now: Timestamp) -> Result<(TaskAction, TaskPlan), 
             format!("stop_failure_ratio: {ratio} is not between 0 and 1"),
         ));
     }
-    let min = req.stop_min_outcomes.unwrap_or(DEFAULT_STOP_MIN_OUTCOMES);
-    if min == 0 {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            "stop_min_outcomes: must be at least 1",
-        ));
-    }
+    let min = match req.stop_min_outcomes {
+        None => DEFAULT_STOP_MIN_OUTCOMES,
+        Some(n) => u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_body",
+                format!("stop_min_outcomes: {n} is not between 1 and {}", u32::MAX),
+            )
+        })?,
+    };
     if req.reason.is_some() && action != TaskAction::Kill {
         return Err(ApiError::bad_request(
             "invalid_body",
