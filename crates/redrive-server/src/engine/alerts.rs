@@ -269,8 +269,8 @@ struct Record {
     dropped: u64,
 }
 
-/// The record of recent deaths the notifier drains (bounded: at most [`MAX_BATCHES`]
-/// batches of [`MAX_FINGERPRINTS`] fingerprints and [`EXAMPLES`] ids each).
+/// The record of recent deaths the notifier drains (bounded: at most `MAX_BATCHES`
+/// batches of `MAX_FINGERPRINTS` fingerprints and `EXAMPLES` ids each).
 #[derive(Debug, Default)]
 pub struct DeadLetters {
     settings: AlertSettings,

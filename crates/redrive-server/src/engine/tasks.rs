@@ -3,7 +3,7 @@
 //! redrive that stops by itself when the messages it redrove keep failing.
 //!
 //! The selection is the store's search, newest first, page by page; each page is one
-//! [`Store::task_step`], which acts on the page's messages and writes the task's cursor
+//! [`redrive_storage::Store::task_step`], which acts on the page's messages and writes the task's cursor
 //! and counters in the same transaction. After a crash the task resumes after the last
 //! committed page, so no message is acted on twice. The selection is bounded by the
 //! task's creation time (`until`): messages published later are not selected.
