@@ -251,18 +251,13 @@ fn plan_of(req: &TaskRequest, now: Timestamp) -> Result<(TaskAction, TaskPlan), 
     }
     // Messages published after the task was created are not selected.
     let bound = Timestamp::from_millis(now.as_millis() + 1);
-    let until = Some(mf.until.map_or(bound, |u| u.min(bound)));
+    let mut selection = mf;
+    selection.until = Some(selection.until.map_or(bound, |u| u.min(bound)));
     Ok((
         action,
         TaskPlan {
             filter: serde_json::to_value(f).unwrap_or(serde_json::Value::Null),
-            queue: mf.queue,
-            state: mf.state,
-            key: mf.key,
-            error_class: mf.error_class,
-            text: mf.text,
-            since: mf.since,
-            until,
+            selection,
             fingerprint: f.fingerprint.clone(),
             rate: req.rate.clone(),
             rate_per_second,

@@ -16,7 +16,7 @@
 //! with the figures in `stop_reason`. The watch restarts empty after a restart.
 
 use super::Engine;
-use redrive_core::{fingerprint, ErrorClass, HistoryEvent, MessageId, State, Timestamp};
+use redrive_core::{fingerprint, HistoryEvent, MessageId, State};
 use redrive_storage::{
     MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
     TaskTransition,
@@ -52,20 +52,9 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 pub struct TaskPlan {
     /// The filter as the operator gave it (shown back; not re-parsed).
     pub filter: serde_json::Value,
-    /// Exact queue.
-    pub queue: Option<String>,
-    /// Exact state.
-    pub state: Option<State>,
-    /// Exact ordering key.
-    pub key: Option<String>,
-    /// Class of the last error.
-    pub error_class: Option<ErrorClass>,
-    /// Text in the payload or the last error.
-    pub text: Option<String>,
-    /// Created at or after.
-    pub since: Option<Timestamp>,
-    /// Created before (at most the task's creation).
-    pub until: Option<Timestamp>,
+    /// The selection, parsed; its `until` is at most the task's creation.
+    #[serde(flatten)]
+    pub selection: MessageFilter,
     /// Only messages of this failure fingerprint (`GET /v1/failure-groups`).
     pub fingerprint: Option<String>,
     /// The rate as given (`"100/s"`).
@@ -81,19 +70,6 @@ pub struct TaskPlan {
 }
 
 impl TaskPlan {
-    /// The store filter of the selection.
-    pub fn message_filter(&self) -> MessageFilter {
-        MessageFilter {
-            queue: self.queue.clone(),
-            state: self.state,
-            key: self.key.clone(),
-            error_class: self.error_class,
-            text: self.text.clone(),
-            since: self.since,
-            until: self.until,
-        }
-    }
-
     /// The plan of a stored task.
     pub fn of(task: &TaskRecord) -> Result<TaskPlan, StoreError> {
         Ok(serde_json::from_value(task.spec.clone())?)
@@ -165,13 +141,13 @@ struct Running {
 pub async fn count(engine: &Engine, plan: &TaskPlan) -> Result<u64, StoreError> {
     let store = engine.store();
     if plan.fingerprint.is_none() {
-        return store.count(plan.message_filter()).await;
+        return store.count(plan.selection.clone()).await;
     }
     let mut n = 0;
     let mut cursor = None;
     loop {
         let page = store
-            .search(plan.message_filter(), 1_000, cursor.take())
+            .search(plan.selection.clone(), 1_000, cursor.take())
             .await?;
         n += page.messages.iter().filter(|m| plan.matches(m)).count() as u64;
         match page.next_cursor {
@@ -248,7 +224,7 @@ async fn step(
     let (batch, pause) = plan.pace();
     let store = engine.store();
     let page = store
-        .search(plan.message_filter(), batch, task.cursor.clone())
+        .search(plan.selection.clone(), batch, task.cursor.clone())
         .await?;
     let selected: Vec<&redrive_core::Message> =
         page.messages.iter().filter(|m| plan.matches(m)).collect();
