@@ -220,7 +220,7 @@ pub fn is_json_media_type(raw: &str) -> bool {
 
 /// The host part of a `Host` value (`name`, `name:port`, `[v6]`, `[v6]:port`), lower-cased;
 /// `None` if it is not of that form.
-fn host_name(host: &str) -> Option<String> {
+pub(crate) fn host_name(host: &str) -> Option<String> {
     let host = host.trim();
     let (name, port) = if let Some(rest) = host.strip_prefix('[') {
         let (inside, after) = rest.split_once(']')?;

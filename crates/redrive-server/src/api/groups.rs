@@ -103,14 +103,9 @@ pub(crate) async fn collect(
     let mut groups: HashMap<String, (FailureGroup, BTreeSet<String>, BTreeSet<String>)> =
         HashMap::new();
     let mut scanned = 0usize;
-    let mut cursor = None;
-    let truncated = loop {
-        let page = s
-            .engine
-            .store()
-            .search(filter.clone(), 1_000, cursor.take())
-            .await?;
-        for m in &page.messages {
+    let truncated = s
+        .engine
+        .scan(&filter, MAX_SCANNED, |m| {
             scanned += 1;
             let (fp, message) = redrive_core::fingerprint::of_message(m);
             let g = groups.entry(fp.clone()).or_insert_with(|| {
@@ -140,13 +135,8 @@ pub(crate) async fn collect(
             if g.0.sample_ids.len() < SAMPLE_IDS {
                 g.0.sample_ids.push(m.id.to_string());
             }
-        }
-        match page.next_cursor {
-            Some(c) if scanned < MAX_SCANNED => cursor = Some(c),
-            Some(_) => break true,
-            None => break false,
-        }
-    };
+        })
+        .await?;
     let mut groups: Vec<FailureGroup> = groups
         .into_values()
         .map(|(mut g, queues, reasons)| {

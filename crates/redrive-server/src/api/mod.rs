@@ -25,6 +25,7 @@ pub mod tasks;
 
 pub use browser::BrowserGuard;
 
+pub(crate) use browser::host_name;
 pub use error::{ApiError, ErrorBody};
 pub use limits::message_bound_bytes;
 

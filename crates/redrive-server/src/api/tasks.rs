@@ -15,7 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use redrive_core::{MessageId, Timestamp};
-use redrive_storage::{AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskTransition};
+use redrive_storage::{
+    AuditRecord, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskTransition,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -333,13 +335,7 @@ pub async fn transition(
             TaskState::Cancelled,
         ),
     };
-    let existing = s.engine.store().task(id.to_owned()).await?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no task with id {id}"),
-        )
-    })?;
+    let existing = load(s, id).await?;
     let audit = NewAudit {
         actor: caller.name.clone(),
         action: format!("task.{verb}"),
@@ -411,14 +407,16 @@ pub async fn get(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
-    match s.engine.store().task(id.clone()).await? {
-        Some(t) => Ok(Json(TaskView::of(&t))),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no task with id {id}"),
-        )),
-    }
+    Ok(Json(TaskView::of(&load(&s, &id).await?)))
+}
+
+/// Task `id`; 404 when none.
+pub(crate) async fn load(s: &AppState, id: &str) -> Result<TaskRecord, ApiError> {
+    Ok(s.engine
+        .store()
+        .task(id.to_owned())
+        .await?
+        .ok_or_else(|| StoreError::TaskNotFound(id.to_owned()))?)
 }
 
 /// Pause a running task; it resumes where it stopped.

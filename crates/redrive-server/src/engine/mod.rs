@@ -412,6 +412,30 @@ impl Engine {
         }
     }
 
+    /// Hand every message `filter` selects (without history) to `each`, newest first, read a
+    /// page of 1,000 at a time, until at least `max` were read: answers whether that bound
+    /// stopped it before the end of the selection. For the scans that need each message
+    /// (failure groups, a fingerprint's count).
+    pub async fn scan(
+        &self,
+        filter: &redrive_storage::MessageFilter,
+        max: usize,
+        mut each: impl FnMut(&Message),
+    ) -> Result<bool, StoreError> {
+        let mut read = 0usize;
+        let mut cursor = None;
+        loop {
+            let page = self.store.search(filter.clone(), 1_000, cursor).await?;
+            read += page.messages.len();
+            page.messages.iter().for_each(&mut each);
+            match page.next_cursor {
+                Some(c) if read < max => cursor = Some(c),
+                Some(_) => return Ok(true),
+                None => return Ok(false),
+            }
+        }
+    }
+
     /// Record an operator action in the audit log. A failure to record is logged, not
     /// returned: the action itself has already committed.
     pub async fn audit(&self, entry: NewAudit) {

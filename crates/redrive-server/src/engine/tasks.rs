@@ -139,22 +139,16 @@ struct Running {
 /// Count what `plan` selects now (a dry run, or a new task's `total`). With a fingerprint
 /// the selection is read page by page; without, the store counts.
 pub async fn count(engine: &Engine, plan: &TaskPlan) -> Result<u64, StoreError> {
-    let store = engine.store();
     if plan.fingerprint.is_none() {
-        return store.count(plan.selection.clone()).await;
+        return engine.store().count(plan.selection.clone()).await;
     }
     let mut n = 0;
-    let mut cursor = None;
-    loop {
-        let page = store
-            .search(plan.selection.clone(), 1_000, cursor.take())
-            .await?;
-        n += page.messages.iter().filter(|m| plan.matches(m)).count() as u64;
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return Ok(n),
-        }
-    }
+    engine
+        .scan(&plan.selection, usize::MAX, |m| {
+            n += u64::from(plan.matches(m))
+        })
+        .await?;
+    Ok(n)
 }
 
 /// Run every running task until `stop`.

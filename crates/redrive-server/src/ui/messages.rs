@@ -7,9 +7,9 @@
 
 use super::html::{self, esc, query, url};
 use super::{api_error, Ui};
-use crate::api::messages::actions::{act, Action};
+use crate::api::messages::actions::{act, load, Action};
 use crate::api::messages::{self as api_messages, filter_of, SearchQuery};
-use crate::api::{message_id, ApiError, AppState};
+use crate::api::{ApiError, AppState};
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -240,17 +240,6 @@ pub async fn export(
         Ok(r) => r,
         Err(e) => api_error(&ui, e),
     }
-}
-
-async fn load(s: &AppState, raw: &str) -> Result<Message, ApiError> {
-    let id = message_id(raw)?;
-    s.engine.store().get(id).await?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no message with id {id}"),
-        )
-    })
 }
 
 /// One message.

@@ -18,7 +18,7 @@
 //!   `admin`, except to sign out. Refusals are 403 pages and change nothing.
 
 use super::html;
-use crate::api::auth::{Caller, Scope, Tokens};
+use crate::api::auth::{constant_time_eq, Caller, Scope, Tokens};
 use crate::api::AppState;
 use axum::body::Body;
 use axum::extract::Request;
@@ -171,13 +171,7 @@ pub fn over_tls(headers: &HeaderMap, allowed_hosts: &[String]) -> bool {
     let host = headers
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
-        .map(|h| {
-            let h = h.trim().to_ascii_lowercase();
-            match h.rsplit_once(':') {
-                Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name.to_owned(),
-                _ => h,
-            }
-        });
+        .and_then(crate::api::host_name);
     https
         && host.is_some_and(|h| {
             allowed_hosts
@@ -231,15 +225,6 @@ fn who(s: &AppState, tokens: &Tokens, headers: &HeaderMap) -> Option<Ui> {
         csrf,
         signed_in: true,
     })
-}
-
-/// Equal, compared in constant time.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
 
 /// The `csrf` field of a form body.
@@ -311,7 +296,7 @@ pub async fn gate(s: AppState, req: Request, next: Next) -> Response {
             )
         }
     };
-    if !csrf_of(&bytes).is_some_and(|t| same(&t, &ui.csrf)) {
+    if !csrf_of(&bytes).is_some_and(|t| constant_time_eq(t.as_bytes(), ui.csrf.as_bytes())) {
         return html::error_page(
             StatusCode::FORBIDDEN,
             Some(&ui),
@@ -365,7 +350,11 @@ mod tests {
         assert!(!over_tls(&h, &[]));
         assert!(cookie("x", true).to_str().unwrap().ends_with("; Secure"));
         assert_eq!(csrf_of(b"a=1&csrf=t%2B1").as_deref(), Some("t+1"));
-        assert!(same("abc", "abc") && !same("abc", "abd") && !same("abc", "ab"));
+        assert!(
+            constant_time_eq(b"abc", b"abc")
+                && !constant_time_eq(b"abc", b"abd")
+                && !constant_time_eq(b"abc", b"ab")
+        );
     }
 
     #[test]

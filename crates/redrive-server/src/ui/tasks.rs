@@ -251,19 +251,9 @@ pub async fn detail(
     Extension(ui): Extension<Ui>,
     Path(id): Path<String>,
 ) -> Response {
-    let t = match s.engine.store().task(id.clone()).await {
-        Ok(Some(t)) => TaskView::of(&t),
-        Ok(None) => {
-            return api_error(
-                &ui,
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!("no task with id {id}"),
-                ),
-            )
-        }
-        Err(e) => return api_error(&ui, e.into()),
+    let t = match crate::api::tasks::load(&s, &id).await {
+        Ok(t) => TaskView::of(&t),
+        Err(e) => return api_error(&ui, e),
     };
     let mut b = format!(
         "<h1>Task <span class=\"mono\">{}</span> <span id=\"task-state\">{}</span></h1>",

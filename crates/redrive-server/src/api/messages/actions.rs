@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use redrive_core::Message;
-use redrive_storage::NewAudit;
+use redrive_storage::{NewAudit, StoreError};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -22,15 +22,17 @@ pub async fn get(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Message>, ApiError> {
-    let id = message_id(&id)?;
-    match s.engine.store().get(id).await? {
-        Some(m) => Ok(Json(m)),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no message with id {id}"),
-        )),
-    }
+    load(&s, &id).await.map(Json)
+}
+
+/// The message whose id is `raw` (as given in a path), with its history; 404 when none.
+pub(crate) async fn load(s: &AppState, raw: &str) -> Result<Message, ApiError> {
+    let id = message_id(raw)?;
+    Ok(s.engine
+        .store()
+        .get(id)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?)
 }
 
 /// Delete a message (any state). Its idempotency key is forgotten.
