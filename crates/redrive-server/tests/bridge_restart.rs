@@ -53,22 +53,16 @@ async fn consume(queue: String, seen: Arc<Mutex<HashMap<String, (u32, u32)>>>) {
             .properties
             .message_id()
             .as_ref()
-            .map(|s| s.as_str().to_owned())
-            .unwrap_or_default();
+            .map(|s| s.as_str().to_owned());
         let first = {
             let mut seen = seen.lock().unwrap();
-            let e = seen.entry(id).or_default();
+            let e = seen.entry(id.clone().unwrap_or_default()).or_default();
             e.0 += 1;
             e.0 == 1
         };
         if first {
             let _ = d.acker.reject(BasicRejectOptions { requeue: false }).await;
         } else if d.acker.ack(BasicAckOptions::default()).await.is_ok() {
-            let id = d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.as_str().to_owned());
             if let Some(id) = id {
                 seen.lock().unwrap().entry(id).or_default().1 += 1;
             }
@@ -130,6 +124,19 @@ fn run_id() -> String {
 /// The bridge as `GET /v1/bridges` shows it.
 async fn bridge(s: &TestServer) -> serde_json::Value {
     s.get("/v1/bridges").await.1["bridges"][0].clone()
+}
+
+/// Wait (at most 30 s) until the bridge took in `n` messages.
+async fn wait_intake(s: &TestServer, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bridge(s).await["intake"] != n {
+        assert!(
+            Instant::now() < deadline,
+            "not all taken in: {}",
+            bridge(s).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn rabbitmqctl(args: &[&str]) -> bool {
@@ -242,15 +249,7 @@ jitter = "none"
             .unwrap();
     }
     // All rejected once and stored in redrive, due in 3 s.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while bridge(&s).await["intake"] != N {
-        assert!(
-            Instant::now() < deadline,
-            "not all taken in: {}",
-            bridge(&s).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_intake(&s, N).await;
     assert!(rabbitmqctl(&["stop_app"]), "rabbitmqctl stop_app failed");
     assert!(rabbitmqctl(&["start_app"]), "rabbitmqctl start_app failed");
     // The test's consumer reconnects like any client would.
@@ -434,15 +433,7 @@ jitter = "none"
             .await
             .unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while bridge(&s).await["intake"] != N {
-        assert!(
-            Instant::now() < deadline,
-            "not all taken in: {}",
-            bridge(&s).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_intake(&s, N).await;
     // Restart Redis: it keeps nothing on disk, so the stream and its group are gone; the
     // application creates its group again on start, as it did the first time.
     let _ = Command::new("redis-cli")

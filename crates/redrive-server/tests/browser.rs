@@ -13,7 +13,7 @@
 mod harness;
 mod webdriver;
 
-use harness::{id_of, lease_of, TestServer, FAST};
+use harness::{id_of, lease_of, tokens_toml, TestServer, FAST};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,16 +25,11 @@ const READER: &str = "reader-secret-0123456789";
 
 fn config() -> String {
     format!(
-        r#"{FAST}
-[[tokens]]
-name = "ops-alice"
-secret = "{ADMIN}"
-scopes = ["admin"]
-[[tokens]]
-name = "dashboard"
-secret = "{READER}"
-scopes = ["read"]
-"#
+        "{FAST}\n{}",
+        tokens_toml(&[
+            ("ops-alice", ADMIN, &["admin"]),
+            ("dashboard", READER, &["read"]),
+        ])
     )
 }
 

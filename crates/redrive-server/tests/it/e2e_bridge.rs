@@ -466,6 +466,19 @@ async fn redis_conn() -> Option<redis::aio::MultiplexedConnection> {
     }
 }
 
+/// `XGROUP CREATE stream workers $ MKSTREAM`.
+async fn create_group(r: &mut redis::aio::MultiplexedConnection, stream: &str) {
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg("workers")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(r)
+        .await
+        .unwrap();
+}
+
 fn php_has(check: &str) -> bool {
     let php = std::process::Command::new("php")
         .args(["-r", check])
@@ -512,15 +525,7 @@ async fn an_unchanged_php_redis_consumer_gets_retries_and_dead_letters() {
     };
     let run = format!("{:08x}", rand_u32());
     let (stream, queue) = (format!("rs.{run}"), format!("rsq-{run}"));
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&stream)
-        .arg("workers")
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    create_group(&mut r, &stream).await;
     let s = redis_server(&stream, &queue).await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -642,15 +647,7 @@ async fn a_missing_group_is_reported_and_the_bridge_connects_once_it_exists() {
         bridge["last_error"].as_str().unwrap().contains("NOGROUP"),
         "{bridge}"
     );
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&stream)
-        .arg("workers")
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    create_group(&mut r, &stream).await;
     for tries in 0.. {
         let (_, b) = s.get("/v1/bridges").await;
         if b["bridges"][0]["state"] == "connected" {

@@ -3,7 +3,7 @@
 //! checks, a read session sees no action and is refused, an admin session acts (and is
 //! audited). The same scenarios in a real Chromium are `tests/browser.rs`.
 
-use crate::harness::{id_of, TestServer, FAST};
+use crate::harness::{id_of, tokens_toml, TestServer, FAST};
 use reqwest::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
 use serde_json::json;
 
@@ -13,22 +13,11 @@ pub const PUBLISHER: &str = "publisher-secret-012345";
 
 /// `[[tokens]]`: ops-admin (admin), ops-reader (read), billing (publish only).
 pub fn tokens() -> String {
-    format!(
-        r#"
-[[tokens]]
-name = "ops-admin"
-secret = "{ADMIN}"
-scopes = ["admin"]
-[[tokens]]
-name = "ops-reader"
-secret = "{READER}"
-scopes = ["read"]
-[[tokens]]
-name = "billing"
-secret = "{PUBLISHER}"
-scopes = ["publish"]
-"#
-    )
+    tokens_toml(&[
+        ("ops-admin", ADMIN, &["admin"]),
+        ("ops-reader", READER, &["read"]),
+        ("billing", PUBLISHER, &["publish"]),
+    ])
 }
 
 /// A browser-less console client: no redirects followed, the session cookie kept by hand.

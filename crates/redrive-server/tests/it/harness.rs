@@ -18,6 +18,16 @@ initial_delay = "50ms"
 jitter = "none"
 "#;
 
+/// `[[tokens]]` sections for a test config: (name, secret, scopes) each.
+pub fn tokens_toml(tokens: &[(&str, &str, &[&str])]) -> String {
+    tokens
+        .iter()
+        .map(|(name, secret, scopes)| {
+            format!("[[tokens]]\nname = {name:?}\nsecret = {secret:?}\nscopes = {scopes:?}\n")
+        })
+        .collect()
+}
+
 /// A running server; shut down (gracefully) on drop of `stop`.
 pub struct TestServer {
     pub addr: SocketAddr,

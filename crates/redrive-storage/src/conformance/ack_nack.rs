@@ -539,17 +539,8 @@ pub async fn release_takes_the_attempt_back<S: Store>(s: Arc<S>) {
     let b = publish(&*s, msg(Q, json!("b")), at(1)).await;
     let l = lease_one(&*s, Q, a.id, 30_000, at(2)).await;
     assert_eq!(l.attempt, 1);
-    let back = s
-        .release(
-            vec![Release {
-                lease: lref(a.id, &l.token),
-                until: at(3),
-            }],
-            at(3),
-        )
+    let back = release_one(&*s, a.id, &l.token, at(3), at(3))
         .await
-        .expect("release")
-        .remove(0)
         .expect("release item");
     assert_eq!(back.state, State::Ready);
     assert_eq!(back.attempts, 0, "the released attempt was charged");
@@ -578,17 +569,8 @@ pub async fn release_takes_the_attempt_back<S: Store>(s: Arc<S>) {
 pub async fn release_until_later_schedules<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
-    let back = s
-        .release(
-            vec![Release {
-                lease: lref(m.id, &l.token),
-                until: at(5_000),
-            }],
-            at(10),
-        )
+    let back = release_one(&*s, m.id, &l.token, at(5_000), at(10))
         .await
-        .expect("release")
-        .remove(0)
         .expect("release item");
     assert_eq!(back.state, State::Scheduled);
     assert_eq!(back.due_at, Some(at(5_000)));
@@ -603,31 +585,31 @@ pub async fn release_until_later_schedules<S: Store>(s: Arc<S>) {
 pub async fn release_of_a_stale_lease_is_refused<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
-    let r = s
-        .release(
-            vec![Release {
-                lease: lref(m.id, "bogus"),
-                until: at(1),
-            }],
-            at(1),
-        )
-        .await
-        .expect("release request")
-        .remove(0);
+    let r = release_one(&*s, m.id, "bogus", at(1), at(1)).await;
     expect_err(r, "release with a wrong token", is_mismatch);
-    let r = s
-        .release(
-            vec![Release {
-                lease: lref(m.id, &l.token),
-                until: at(1),
-            }],
-            at(2_000),
-        )
-        .await
-        .expect("release request")
-        .remove(0);
+    let r = release_one(&*s, m.id, &l.token, at(1), at(2_000)).await;
     expect_err(r, "release of an expired lease", is_expired);
     assert_eq!(get(&*s, m.id).await.attempts, 1);
+}
+
+/// Release one lease (`token` of `id`) until `until`; the item's own answer.
+async fn release_one<S: Store>(
+    s: &S,
+    id: MessageId,
+    token: &str,
+    until: Timestamp,
+    now: Timestamp,
+) -> Result<Message, StoreError> {
+    s.release(
+        vec![Release {
+            lease: lref(id, token),
+            until,
+        }],
+        now,
+    )
+    .await
+    .expect("release request")
+    .remove(0)
 }
 
 async fn return_one<S: Store>(
