@@ -67,6 +67,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/ui/login", get(login::form).post(login::sign_in))
         .route("/ui/logout", post(login::sign_out))
         .route("/ui/static/console.css", get(css))
+        .route("/ui/static/{*rest}", get(no_such_file))
         .route("/ui/", get(|| async { session::see_other("/ui") }))
         .route("/ui/{*rest}", get(not_found))
         .layer(axum::middleware::from_fn(
@@ -75,12 +76,25 @@ pub fn router(state: AppState) -> Router<AppState> {
 }
 
 /// Any other `GET /ui/…`: a 404 page (after the gate: only a signed-in caller sees it).
-async fn not_found(axum::Extension(ui): axum::Extension<Ui>) -> Response {
+/// The gate lets a few paths through without a [`Ui`] (the stylesheet, sign-in); should
+/// one of them reach here, it is still a 404, never a 500 naming a missing extension.
+async fn not_found(ui: Option<axum::Extension<Ui>>) -> Response {
     html::error_page(
         StatusCode::NOT_FOUND,
-        Some(&ui),
+        ui.as_ref().map(|u| &u.0),
         "Not found",
         "There is no console page here.",
+    )
+}
+
+/// `GET /ui/static/…` other than the stylesheet: the gate lets `/ui/static/` through
+/// without a session, so this answers without one.
+async fn no_such_file() -> Response {
+    html::error_page(
+        StatusCode::NOT_FOUND,
+        None,
+        "Not found",
+        "There is no such file in the console.",
     )
 }
 

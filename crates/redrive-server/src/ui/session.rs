@@ -6,8 +6,10 @@
 //!   Path=/ui`, plus `Secure` when the request came over TLS: redrive has no TLS of its
 //!   own, so that means `X-Forwarded-Proto: https` from a proxy whose `Host` is in
 //!   `allowed_hosts`). Sessions live in memory, expire after [`IDLE`] without a request,
-//!   and a restart signs everyone out. At most [`MAX_SESSIONS`] exist; signing in past
-//!   that drops the least recently used.
+//!   and a restart signs everyone out. Each token has at most
+//!   [`MAX_SESSIONS_PER_TOKEN`]: signing in past that ends the least recently used
+//!   session *of the same token*, never another token's, so a token signing in in a loop
+//!   signs nobody else out (and the sessions in all are bounded by the tokens configured).
 //! - **No tokens** (loopback only, see `lib.rs`): every request is `anonymous` with every
 //!   scope, as on the API; no sign-in.
 //! - **GET** needs a session (else 303 to `/ui/login`) whose caller can `read` (else 403).
@@ -33,8 +35,9 @@ use std::time::{Duration, Instant};
 pub const COOKIE: &str = "redrive_session";
 /// A session ends after this long without a request.
 pub const IDLE: Duration = Duration::from_secs(12 * 3600);
-/// Sessions kept at most (each is a few hundred bytes).
-pub const MAX_SESSIONS: usize = 10_000;
+/// Sessions one token keeps at most (each is a few hundred bytes): enough for an
+/// operator's browsers and devices, and for a team sharing a token.
+pub const MAX_SESSIONS_PER_TOKEN: usize = 64;
 /// Largest form body read by the CSRF check (an edited payload is the largest form).
 pub const MAX_FORM_BYTES: usize = 4 * 1024 * 1024;
 
@@ -96,20 +99,23 @@ impl Sessions {
         }
     }
 
-    /// A new session for `caller`; its id (the cookie's value).
+    /// A new session for `caller`; its id (the cookie's value). When `caller`'s token
+    /// already has [`MAX_SESSIONS_PER_TOKEN`], its least recently used one ends.
     pub fn create(&self, caller: Caller) -> String {
         let id = random_token();
         let now = Instant::now();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, s| now.duration_since(s.last_seen) < IDLE);
-        if map.len() >= MAX_SESSIONS {
-            if let Some(oldest) = map
-                .iter()
-                .min_by_key(|(_, s)| s.last_seen)
-                .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
-            }
+        let mine: Vec<(&String, Instant)> = map
+            .iter()
+            .filter(|(_, s)| s.caller.name == caller.name)
+            .map(|(k, s)| (k, s.last_seen))
+            .collect();
+        let oldest = (mine.len() >= MAX_SESSIONS_PER_TOKEN)
+            .then(|| mine.iter().min_by_key(|(_, at)| *at).map(|(k, _)| (*k).clone()))
+            .flatten();
+        if let Some(oldest) = oldest {
+            map.remove(&oldest);
         }
         map.insert(
             id.clone(),
@@ -355,6 +361,29 @@ mod tests {
                 && !constant_time_eq(b"abc", b"abd")
                 && !constant_time_eq(b"abc", b"ab")
         );
+    }
+
+    fn caller(name: &str) -> Caller {
+        Caller {
+            name: name.to_owned(),
+            ..Caller::anonymous()
+        }
+    }
+
+    #[test]
+    fn a_token_signing_in_in_a_loop_never_signs_another_token_out() {
+        let s = Sessions::new();
+        let admin = s.create(caller("ops-admin"));
+        let first_reader = s.create(caller("ops-reader"));
+        for _ in 0..10 * MAX_SESSIONS_PER_TOKEN {
+            s.create(caller("ops-reader"));
+        }
+        assert!(s.get(&admin).is_some(), "the admin's session survives");
+        assert!(s.get(&first_reader).is_none(), "the reader's oldest went");
+        let map = s.map.lock().unwrap();
+        let readers = map.values().filter(|x| x.caller.name == "ops-reader").count();
+        assert_eq!(readers, MAX_SESSIONS_PER_TOKEN);
+        assert_eq!(map.len(), MAX_SESSIONS_PER_TOKEN + 1);
     }
 
     #[test]

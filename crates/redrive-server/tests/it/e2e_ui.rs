@@ -577,3 +577,37 @@ async fn the_cookie_is_secure_behind_a_tls_proxy_named_in_allowed_hosts() {
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn an_unknown_static_file_is_404_without_naming_internals() {
+    for config in [FAST.to_owned(), format!("{FAST}\n{}", tokens())] {
+        let s = TestServer::start(&config).await;
+        let c = Console::new(&s);
+        for path in ["/ui/static/app.js", "/ui/static/", "/ui/static/a/b.png"] {
+            let (st, _, body) = c.get(path).await;
+            assert_eq!(st, 404, "{path}: {body}");
+            assert!(body.contains("<h1>Not found</h1>"), "{path}: {body}");
+            assert!(!body.contains("redrive_server"), "{path}: {body}");
+            assert!(!body.contains("extension"), "{path}: {body}");
+        }
+        assert_eq!(c.get("/ui/static/console.css").await.0, 200);
+        s.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_read_token_signing_in_in_a_loop_never_signs_an_admin_out() {
+    let s = TestServer::start(&format!("{FAST}\n{}", tokens())).await;
+    let mut admin = Console::new(&s);
+    admin.sign_in(ADMIN).await;
+    let mut reader = Console::new(&s);
+    // Past the 10,000 sessions the console once kept in all (then least recently used
+    // first out, whoever's they were): each sign-in is a new session of ops-reader.
+    for _ in 0..10_050 {
+        reader.sign_in(READER).await;
+    }
+    let page = admin.html("/ui").await;
+    assert!(page.contains("ops-admin"), "the admin is still signed in");
+    assert_eq!(reader.get("/ui").await.0, 200, "the newest reader session works");
+    s.stop().await;
+}
