@@ -71,6 +71,35 @@ impl Template {
             _ => return None,
         })
     }
+
+    /// `text` made inert for this template's chat markup (SPEC §12): what messages wrote
+    /// (error text in the top reasons, through fingerprints) can never mention everyone,
+    /// ping a channel or disguise a link. The alert's own text has no markup, so the whole
+    /// sentence is escaped.
+    ///
+    /// - Slack reads `<…>` as mentions (`<!channel>`, `<@U…>`) and labelled links
+    ///   (`<https://…|label>`), and wants `&`, `<`, `>` as `&amp;`, `&lt;`, `&gt;`, which it
+    ///   shows as the characters (a URL keeps working).
+    /// - Feishu's text message has no escape: `<at user_id="all">` mentions everyone and
+    ///   `[label](url)` is a labelled link. Angle brackets become their full-width forms
+    ///   (`＜`, `＞`: read the same, are no tag), and `](` gets a space, so a link shows
+    ///   its real address.
+    /// - DingTalk's text message has no markup: mentions come only from the body's `at`
+    ///   object, which redrive never sends, so the text is sent as it is.
+    /// - JSON is structured: the receiver decides (its `text` is the raw sentence).
+    pub fn escape(self, text: &str) -> String {
+        match self {
+            Self::Json | Self::Dingtalk => text.to_owned(),
+            Self::Slack => text
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;"),
+            Self::Feishu => text
+                .replace('<', "\u{ff1c}")
+                .replace('>', "\u{ff1e}")
+                .replace("](", "] ("),
+        }
+    }
 }
 
 /// What an alert is about.
@@ -462,7 +491,7 @@ impl Alert {
 
     /// The body a sink with `template` sends (the message's payload).
     pub fn render(&self, template: Template, console_url: &str) -> Value {
-        let text = self.text(console_url);
+        let text = template.escape(&self.text(console_url));
         match template {
             Template::Feishu => json!({"msg_type": "text", "content": {"text": text}}),
             Template::Dingtalk => json!({"msgtype": "text", "text": {"content": text}}),
@@ -838,19 +867,128 @@ mod tests {
                 "at": "2026-01-01T00:05:00.000Z"
             })
         );
+        let feishu = TEXT.replace("<n>", "\u{ff1c}n\u{ff1e}");
         assert_eq!(
             a.render(Template::Feishu, url),
-            json!({"msg_type": "text", "content": {"text": TEXT}})
+            json!({"msg_type": "text", "content": {"text": feishu}})
         );
         assert_eq!(
             a.render(Template::Dingtalk, url),
             json!({"msgtype": "text", "text": {"content": TEXT}})
         );
-        assert_eq!(a.render(Template::Slack, url), json!({"text": TEXT}));
+        let slack = TEXT
+            .replace("<n>", "&lt;n&gt;")
+            .replace("&state", "&amp;state");
+        assert_eq!(a.render(Template::Slack, url), json!({"text": slack}));
         assert_eq!(
             a.key("oncall"),
             format!("alert:oncall:dead_letters:orders:{T0}:{}", T0 + 300_000)
         );
+    }
+
+    /// An error message a consume-scope caller (or a RabbitMQ consumer, through the bridge)
+    /// wrote, carrying each chat's markup: mentions of everyone, a channel ping, and a link
+    /// whose label hides where it goes.
+    const HOSTILE: &str = "<!channel> <!here> <@UABCDEFGH> <https://evil.example/login|open the redrive console> \
+        <at user_id=\"all\">all</at> [open the redrive console](https://evil.example/login) &lt;!channel&gt;";
+
+    /// The chat text of an alert whose top reason is [`HOSTILE`], through the whole path:
+    /// a dead letter recorded, its batch drained, the alert rendered.
+    fn hostile_text(template: Template) -> String {
+        let clock = ManualClock::new(Timestamp::from_millis(T0));
+        let s = settings();
+        let record = DeadLetters::new(&s);
+        record.record(&dead("orders", 1, Some(HOSTILE)), clock.now());
+        clock.advance(60_000);
+        let alerts = Notifier::new(s).dead_letters(record.drain(clock.now(), false).0);
+        let body = alerts[0].render(template, "https://redrive.internal");
+        let text = match template {
+            Template::Feishu => &body["content"]["text"],
+            Template::Dingtalk => &body["text"]["content"],
+            Template::Slack | Template::Json => &body["text"],
+        };
+        text.as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn slack_alerts_cannot_ping_a_channel_mention_anyone_or_disguise_a_link() {
+        let text = hostile_text(Template::Slack);
+        // Slack reads markup only inside < >, and & starts its escapes: none is left raw,
+        // so every < > in what Slack shows came from the message as text.
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert!(
+            !text
+                .replace("&amp;", "")
+                .replace("&lt;", "")
+                .replace("&gt;", "")
+                .contains('&'),
+            "{text}"
+        );
+        assert!(
+            text.contains("&lt;!channel&gt; &lt;!here&gt; &lt;@UABCDEFGH&gt;"),
+            "{text}"
+        );
+        assert!(
+            text.contains("&lt;https://evil.example/login|open the redrive console&gt;"),
+            "{text}"
+        );
+        // What the message itself had escaped stays visible as it was written.
+        assert!(text.contains("&amp;lt;!channel&amp;gt;"), "{text}");
+        assert!(
+            text.contains("/ui/messages?queue=orders&amp;state=dead"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn feishu_alerts_cannot_mention_everyone_or_disguise_a_link() {
+        let text = hostile_text(Template::Feishu);
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert!(!text.contains("<at"), "{text}");
+        assert!(
+            text.contains("\u{ff1c}at user_id=\"all\"\u{ff1e}all\u{ff1c}/at\u{ff1e}"),
+            "{text}"
+        );
+        assert!(!text.contains("]("), "a [label](url) link: {text}");
+        assert!(
+            text.contains("[open the redrive console] (https://evil.example/login)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("/ui/messages?queue=orders&state=dead"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dingtalk_alerts_never_carry_an_at_object_so_nothing_mentions_anyone() {
+        // DingTalk's text message has no markup; a mention needs the body's `at` object
+        // (`isAtAll`, `atMobiles`, `atUserIds`), which the text cannot add.
+        let clock = ManualClock::new(Timestamp::from_millis(T0));
+        let s = settings();
+        let record = DeadLetters::new(&s);
+        record.record(
+            &dead(
+                "orders",
+                1,
+                Some("@all @13800000000 \"at\": {\"isAtAll\": true}"),
+            ),
+            clock.now(),
+        );
+        clock.advance(60_000);
+        let alerts = Notifier::new(s).dead_letters(record.drain(clock.now(), false).0);
+        let body = alerts[0].render(Template::Dingtalk, "https://redrive.internal");
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["msgtype", "text"], "{body}");
+        assert_eq!(body["msgtype"], "text");
+        assert_eq!(body["text"].as_object().unwrap().len(), 1, "{body}");
+        assert!(hostile_text(Template::Dingtalk).contains(HOSTILE.split(' ').next().unwrap()));
+    }
+
+    #[test]
+    fn the_json_body_keeps_the_text_as_written() {
+        // Structured: the receiver escapes for wherever it shows it.
+        assert!(hostile_text(Template::Json).contains("<!channel>"));
     }
 
     #[test]

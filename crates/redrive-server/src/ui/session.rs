@@ -112,7 +112,11 @@ impl Sessions {
             .map(|(k, s)| (k, s.last_seen))
             .collect();
         let oldest = (mine.len() >= MAX_SESSIONS_PER_TOKEN)
-            .then(|| mine.iter().min_by_key(|(_, at)| *at).map(|(k, _)| (*k).clone()))
+            .then(|| {
+                mine.iter()
+                    .min_by_key(|(_, at)| *at)
+                    .map(|(k, _)| (*k).clone())
+            })
             .flatten();
         if let Some(oldest) = oldest {
             map.remove(&oldest);
@@ -381,7 +385,10 @@ mod tests {
         assert!(s.get(&admin).is_some(), "the admin's session survives");
         assert!(s.get(&first_reader).is_none(), "the reader's oldest went");
         let map = s.map.lock().unwrap();
-        let readers = map.values().filter(|x| x.caller.name == "ops-reader").count();
+        let readers = map
+            .values()
+            .filter(|x| x.caller.name == "ops-reader")
+            .count();
         assert_eq!(readers, MAX_SESSIONS_PER_TOKEN);
         assert_eq!(map.len(), MAX_SESSIONS_PER_TOKEN + 1);
     }

@@ -608,6 +608,10 @@ async fn a_read_token_signing_in_in_a_loop_never_signs_an_admin_out() {
     }
     let page = admin.html("/ui").await;
     assert!(page.contains("ops-admin"), "the admin is still signed in");
-    assert_eq!(reader.get("/ui").await.0, 200, "the newest reader session works");
+    assert_eq!(
+        reader.get("/ui").await.0,
+        200,
+        "the newest reader session works"
+    );
     s.stop().await;
 }
