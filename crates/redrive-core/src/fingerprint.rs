@@ -213,8 +213,8 @@ fn is_kept_code(chars: &[char], toks: &[Token], i: usize, word: &str) -> bool {
 
 /// `HTTP/1.1 503`, `HTTP/2 503`: the word `http`, `/`, a version, blanks, then token `i`.
 fn after_http_version(chars: &[char], toks: &[Token], i: usize) -> bool {
-    let kinds: Vec<Kind> = toks[..i].iter().map(|t| t.kind).collect();
-    let mut j = kinds.len();
+    // Walk back from token `i`, one expected token at a time.
+    let mut j = i;
     let step = |j: &mut usize, ok: &dyn Fn(&Token) -> bool| -> bool {
         if *j > 0 && ok(&toks[*j - 1]) {
             *j -= 1;
