@@ -61,9 +61,9 @@ pub use error::Error;
 pub use export::Export;
 pub use types::{
     AuditEntry, AuditPage, BatchItem, BatchResponse, BatchResult, Deleted, DryRun, ErrorDetail,
-    ExportFormat, Extended, Filter, LeaseRequest, LeaseResponse, LeasedMessage, NackError, Publish,
-    Published, PublishedBatch, QueueList, QueueView, SearchPage, Task, TaskCreated, TaskList,
-    TaskRequest,
+    ExportFormat, Extended, FailureGroup, FailureGroups, Filter, LeaseRequest, LeaseResponse,
+    LeasedMessage, NackError, Publish, Published, PublishedBatch, QueueList, QueueView, SearchPage,
+    Task, TaskCreated, TaskList, TaskRequest,
 };
 
 use bytes::Bytes;
@@ -457,6 +457,24 @@ impl Client {
     pub async fn delete(&self, id: &str) -> Result<Deleted, Error> {
         let url = self.url(&["v1", "messages", id], &[]);
         Ok(self.call(Method::DELETE, url, None::<&()>).await?.1)
+    }
+
+    /// The failure groups of the dead letters (of `queue`, when given), largest first, at
+    /// most `limit` (server default 50).
+    pub async fn failure_groups(
+        &self,
+        queue: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<FailureGroups, Error> {
+        let mut query = Vec::new();
+        if let Some(q) = queue {
+            query.push(("queue", q.to_owned()));
+        }
+        if let Some(l) = limit {
+            query.push(("limit", l.to_string()));
+        }
+        let url = self.url(&["v1", "failure-groups"], &query);
+        Ok(self.call(Method::GET, url, None::<&()>).await?.1)
     }
 
     /// Create a bulk task, or count what it would select (`dry_run`).

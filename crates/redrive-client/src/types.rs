@@ -284,6 +284,12 @@ pub struct Filter {
     pub since: Option<Timestamp>,
     /// Created before.
     pub until: Option<Timestamp>,
+    /// Finished (became done or dead) at or after.
+    pub finished_since: Option<Timestamp>,
+    /// Finished before.
+    pub finished_until: Option<Timestamp>,
+    /// Only this failure group (a fingerprint from [`crate::Client::failure_groups`]).
+    pub fingerprint: Option<String>,
 }
 
 impl Filter {
@@ -305,8 +311,52 @@ impl Filter {
         put("q", self.q.clone());
         put("since", self.since.map(|t| t.to_rfc3339()));
         put("until", self.until.map(|t| t.to_rfc3339()));
+        put(
+            "finished_since",
+            self.finished_since.map(|t| t.to_rfc3339()),
+        );
+        put(
+            "finished_until",
+            self.finished_until.map(|t| t.to_rfc3339()),
+        );
+        put("fingerprint", self.fingerprint.clone());
         q
     }
+}
+
+/// One failure group (`GET /v1/failure-groups`): dead letters with the same fingerprint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureGroup {
+    /// `class: normalised message` (or `killed`): pass it as a filter's `fingerprint`.
+    pub fingerprint: String,
+    /// Dead letters in the group.
+    pub count: u64,
+    /// Their queues.
+    pub queues: Vec<String>,
+    /// Why they are dead, each once.
+    pub dead_reasons: Vec<String>,
+    /// One of their last error messages, as it was.
+    #[serde(default)]
+    pub example: Option<String>,
+    /// When the first of them became dead.
+    #[serde(default)]
+    pub first_at: Option<Timestamp>,
+    /// When the last of them did.
+    #[serde(default)]
+    pub last_at: Option<Timestamp>,
+    /// A few of their ids, newest first.
+    pub sample_ids: Vec<String>,
+}
+
+/// `GET /v1/failure-groups`: largest group first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureGroups {
+    /// The groups.
+    pub groups: Vec<FailureGroup>,
+    /// Dead letters read.
+    pub scanned: u64,
+    /// More dead letters than one answer reads (100,000): the counts are of the newest.
+    pub truncated: bool,
 }
 
 /// One page of a search.
@@ -435,6 +485,8 @@ mod tests {
             state: Some(State::Dead),
             error_class: Some(ErrorClass::RateLimited),
             since: Some(Timestamp::parse("2026-01-31T12:00:00Z").unwrap()),
+            finished_since: Some(Timestamp::parse("2026-01-31T13:00:00Z").unwrap()),
+            fingerprint: Some("transient: HTTP 503 from <n>".into()),
             ..Filter::default()
         };
         assert_eq!(
@@ -444,6 +496,8 @@ mod tests {
                 ("state", "dead".to_owned()),
                 ("error_class", "rate_limited".to_owned()),
                 ("since", "2026-01-31T12:00:00.000Z".to_owned()),
+                ("finished_since", "2026-01-31T13:00:00.000Z".to_owned()),
+                ("fingerprint", "transient: HTTP 503 from <n>".to_owned()),
             ]
         );
     }
@@ -497,9 +551,11 @@ pub struct Task {
     pub rate: Option<String>,
     /// Selected when created.
     pub total: u64,
-    /// Acted on.
+    /// Acted on: redriven, killed or deleted.
     pub done: u64,
-    /// Refused (no longer in a state the action applies to, gone).
+    /// Refused by the store when the task reached them (no longer in a state the action
+    /// applies to, or gone); not the redriven messages that failed again (the stop rule's
+    /// count, in `stop_reason`).
     pub failed: u64,
     /// Who created it.
     pub created_by: String,
@@ -510,6 +566,10 @@ pub struct Task {
     /// Why it stopped or was cancelled, or the last refusal.
     #[serde(default)]
     pub stop_reason: Option<String>,
+    /// A redrive's stop rule: it stops when more than this share of the last 100 redriven
+    /// messages whose outcome is known failed again (absent for a kill or a delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_failure_ratio: Option<f64>,
 }
 
 impl Task {

@@ -29,6 +29,20 @@ pub struct MessageFilter {
     /// Created before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until: Option<Timestamp>,
+    /// Finished (became `done` or `dead`) at or after. A message that is not finished
+    /// (`finished_at` unset: not yet done or dead, or redriven since) never matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_since: Option<Timestamp>,
+    /// Finished before (see `finished_since`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_until: Option<Timestamp>,
+    /// Exactly this failure fingerprint ([`redrive_core::fingerprint::of_message`]: the last
+    /// error's class and normalised message, else the dead reason). Computed from each
+    /// candidate row when read, never stored, so like `text` it reads every row the other
+    /// filters leave; a backend that cannot compute it in its queries filters the rows it
+    /// read, keeping pages and cursors as for any other filter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// One page of results, newest first.

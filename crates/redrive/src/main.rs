@@ -2,7 +2,8 @@
 //!
 //! - `redrive serve` runs the server ([`redrive_server::serve`]);
 //! - `redrive policy explain` prints what a retry policy means, offline;
-//! - `redrive publish | messages … | queues` are thin clients of the HTTP API (SPEC §5);
+//! - `redrive publish | messages … | queues | tasks … | groups | audit` are thin clients of
+//!   the HTTP API (SPEC §5, §12);
 //! - `redrive bench` drives a running server with load and prints figures.
 //!
 //! This file holds the clap definitions and the dispatch; the work is in
@@ -88,6 +89,10 @@ pub enum Command {
         #[command(subcommand)]
         command: TasksCommand,
     },
+    /// Failure groups: dead letters grouped by the fingerprint of their last error, largest
+    /// first, each with its fingerprint (for `messages list --fingerprint` and `tasks create
+    /// --fingerprint`), queues, an example error and a few ids.
+    Groups(GroupsArgs),
     /// The audit log: every operator action, newest first.
     Audit(AuditArgs),
     /// Drive a running server with load and print figures.
@@ -258,6 +263,15 @@ pub struct Filters {
     /// Created before: RFC 3339, or a duration meaning that long ago (e.g. 10m).
     #[arg(long, value_name = "TIME", value_parser = cli::client::parse_time_filter)]
     pub until: Option<String>,
+    /// Finished (became done or dead) at or after: RFC 3339, or a duration ago (e.g. 12h).
+    #[arg(long, value_name = "TIME", value_parser = cli::client::parse_time_filter)]
+    pub finished_since: Option<String>,
+    /// Finished before: RFC 3339, or a duration ago.
+    #[arg(long, value_name = "TIME", value_parser = cli::client::parse_time_filter)]
+    pub finished_until: Option<String>,
+    /// Only messages of this failure group (a fingerprint from `redrive groups`), exact.
+    #[arg(long)]
+    pub fingerprint: Option<String>,
 }
 
 /// `redrive messages list`.
@@ -343,12 +357,9 @@ pub struct TaskCreateArgs {
     /// What to do to each selected message.
     #[arg(long, value_parser = ["redrive", "kill", "delete"])]
     pub action: String,
-    /// Which messages.
+    /// Which messages (`--fingerprint`: a failure group from `redrive groups`).
     #[command(flatten)]
     pub filters: Filters,
-    /// Only messages of this failure group (a fingerprint from GET /v1/failure-groups).
-    #[arg(long)]
-    pub fingerprint: Option<String>,
     /// At most this many messages per second, minute or hour ("100/s", "600/m").
     #[arg(long)]
     pub rate: Option<String>,
@@ -365,6 +376,20 @@ pub struct TaskCreateArgs {
     /// Follow the new task's progress until it finishes.
     #[arg(long)]
     pub wait: bool,
+}
+
+/// `redrive groups`.
+#[derive(Debug, Args)]
+pub struct GroupsArgs {
+    /// Only this queue's dead letters.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Groups to show, largest first (server default 50, at most 1000).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Print the server's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `redrive audit`.

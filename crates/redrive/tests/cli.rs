@@ -335,3 +335,164 @@ async fn tasks_and_audit_commands() {
     );
     node.child.kill().unwrap();
 }
+
+/// Regression, issue 15: tasks need a fingerprint and only curl gave one; the CLI showed a
+/// killed message's reason only inside its history's JSON; a task's counts did not say what
+/// they count. `redrive groups` lists the failure groups, `messages list` takes a group's
+/// fingerprint and when messages finished, `messages show` says why a message is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_fingerprints_and_kill_reasons_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = start(dir.path(), free_port(), CONFIG);
+    assert!(wait_ready(&reqwest::Client::new(), &mut node).await);
+    let s = node.base.clone();
+    let api = redrive_client::Client::new(&s).unwrap();
+    for text in [
+        "HTTP 503 from payments (req 17)",
+        "HTTP 503 from payments (req 18)",
+        "HTTP 503 from payments (req 19)",
+        "HTTP 500 from payments (req 20)",
+    ] {
+        let mut p = redrive_client::Publish::new(serde_json::json!({"text": text}));
+        p.failed = Some(redrive_client::NackError::new(
+            redrive_core::ErrorClass::Permanent,
+            text,
+        ));
+        api.publish("cli", &p).await.unwrap();
+    }
+    let fp = "permanent: HTTP 503 from payments (req <n>)";
+
+    let o = redrive(&s, &["groups", "--queue", "cli"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let first = out.lines().nth(1).unwrap_or_default();
+    assert!(
+        first.trim_start().starts_with("3  cli") && first.ends_with(fp),
+        "the largest group first, its whole fingerprint: {out}"
+    );
+    assert!(
+        out.contains("permanent: HTTP 500 from payments (req <n>)"),
+        "{out}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("2 groups of 4 dead letters read")
+            && err.contains(&format!("--fingerprint '{fp}'")),
+        "{}",
+        text(&o)
+    );
+    let o = redrive(&s, &["groups", "--json", "--limit", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let g = json(&o);
+    assert_eq!(g["groups"][0]["fingerprint"], fp, "{g}");
+    assert_eq!(g["groups"][0]["count"], 3, "{g}");
+    assert_eq!(g["groups"].as_array().unwrap().len(), 1);
+    let o = redrive(&s, &["groups", "--limit", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("limit"),
+        "{}",
+        text(&o)
+    );
+
+    // A group's fingerprint lists all of its messages, and selects a task.
+    let o = redrive(
+        &s,
+        &[
+            "messages",
+            "list",
+            "--state",
+            "dead",
+            "--fingerprint",
+            fp,
+            "--finished-since",
+            "1h",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        json(&o)["messages"].as_array().unwrap().len(),
+        3,
+        "{}",
+        text(&o)
+    );
+    let o = redrive(
+        &s,
+        &["messages", "list", "--finished-until", "1h", "--json"],
+    );
+    assert_eq!(json(&o)["messages"], serde_json::json!([]), "{}", text(&o));
+    let o = redrive(&s, &["messages", "list", "--finished-since", "soon"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--finished-since"),
+        "{}",
+        text(&o)
+    );
+    let o = redrive(
+        &s,
+        &[
+            "tasks",
+            "create",
+            "--action",
+            "redrive",
+            "--state",
+            "dead",
+            "--fingerprint",
+            fp,
+            "--wait",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = json(&o);
+    assert_eq!(t["done"], 3, "{t}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("3 redriven  0 refused")
+            && err.contains(
+                "done: 3 of 3 redriven, 0 refused (no longer in a state a redrive applies to, or gone)"
+            ),
+        "{}",
+        text(&o)
+    );
+    let id = t["id"].as_str().unwrap().to_owned();
+    let o = redrive(&s, &["tasks", "show", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("3 of 3 redriven, 0 refused"),
+        "{}",
+        text(&o)
+    );
+    let o = redrive(&s, &["tasks", "list"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("acted on") && out.contains("refused") && out.contains("created (UTC)"),
+        "{out}"
+    );
+
+    // A killed message says why, in words, beside its JSON.
+    let o = redrive(&s, &["publish", "cli", "1"]);
+    let victim = json(&o)["id"].as_str().unwrap().to_owned();
+    let o = redrive(
+        &s,
+        &[
+            "messages",
+            "kill",
+            &victim,
+            "--reason",
+            "duplicate order, refunded",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = redrive(&s, &["messages", "show", &victim]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(json(&o)["dead_reason"], "killed");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("dead in cli (killed), killed at ")
+            && err.contains(" UTC, reason: duplicate order, refunded"),
+        "{}",
+        text(&o)
+    );
+    node.child.kill().unwrap();
+}

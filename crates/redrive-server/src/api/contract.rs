@@ -15,6 +15,9 @@
 //! - **Timestamps** are RFC 3339 with `T` and `Z` or a `±hh:mm` offset, seconds `00`–`59`,
 //!   any number of fraction digits; `deliver_at`'s pattern bounds the year so that it stays
 //!   within `max_schedule_ahead`.
+//! - **Time filters** of a search, an export and a task (`since`, `until`, `finished_since`,
+//!   `finished_until`) take either a timestamp or a duration as above meaning "that long ago"
+//!   (`since=12h`), up to [`MAX_AGO`]; one pattern states both ([`time_filter_pattern`]).
 //! - **Message ids** are hyphenated UUIDs; **queue names** `[A-Za-z0-9._:-]{1,128}`.
 //!
 //! The document from the handlers' annotations (`utoipa`) is patched by [`document`] with
@@ -208,6 +211,65 @@ pub fn timestamp_shape_ok(s: &str) -> bool {
         }
         _ => false,
     }
+}
+
+/// How far back a relative time filter reaches at most: 100 years (`36500d`), the bound of
+/// `max_schedule_ahead` the other way. Any redrive message is younger.
+pub const MAX_AGO: DurationRange = DurationRange {
+    zero_ok: true,
+    max_ms: 36_500 * 86_400_000,
+    max_key: "at most 100 years ago",
+};
+
+/// A time filter (`since`, `until`, `finished_since`, `finished_until`): an RFC 3339 time,
+/// or a duration meaning that long before `now` (`12h`, `30m`, `0` for now). An error names
+/// the field and is `invalid_timestamp`.
+pub fn time_filter_in(field: &str, raw: &str, now: Timestamp) -> Result<Timestamp, ApiError> {
+    if timestamp_shape_ok(raw) {
+        return Timestamp::parse(raw).map_err(|_| {
+            ApiError::bad_request(
+                "invalid_timestamp",
+                format!("{field}: {raw:?} is not a date of the calendar"),
+            )
+        });
+    }
+    match parse_duration(raw) {
+        Some(ms) if ms <= MAX_AGO.max_ms => Ok(Timestamp::from_millis(
+            now.as_millis().saturating_sub(ms as i64),
+        )),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid_timestamp",
+            format!(
+                "{field}: {raw} ago is beyond {} ({})",
+                redrive_core::DurationMs(MAX_AGO.max_ms),
+                MAX_AGO.max_key
+            ),
+        )),
+        None => Err(ApiError::bad_request(
+            "invalid_timestamp",
+            format!(
+                "{field}: {raw:?} is neither an RFC 3339 time such as \"2026-01-31T12:00:00Z\" \
+                 nor a duration ago such as \"12h\" (0, or a whole number and one unit: ms, s, \
+                 m, h, d)"
+            ),
+        )),
+    }
+}
+
+/// The pattern of exactly the values [`time_filter_in`] accepts: a timestamp (any year) or
+/// a duration up to [`MAX_AGO`].
+pub fn time_filter_pattern() -> String {
+    let bare = |p: String| {
+        p.strip_prefix('^')
+            .and_then(|p| p.strip_suffix('$'))
+            .map(str::to_owned)
+            .unwrap_or(p)
+    };
+    format!(
+        "^(?:{}|{})$",
+        bare(timestamp_pattern(9999)),
+        bare(duration_pattern(MAX_AGO))
+    )
 }
 
 /// The pattern of the timestamps [`timestamp_shape_ok`] accepts, with a year at most `max_year`.
@@ -404,7 +466,6 @@ fn patch(cfg: &Config, v: &mut Value) {
     // `deliver_at`: any year up to the last one wholly within max_schedule_ahead of now.
     let deliver_year =
         year_of(Timestamp::now().plus_ms(cfg.max_schedule_ahead.ms())).saturating_sub(1);
-    let any_ts = timestamp_pattern(9999);
 
     if let Some(schemas) = v.pointer_mut("/components/schemas") {
         // Bodies.
@@ -546,11 +607,10 @@ fn patch(cfg: &Config, v: &mut Value) {
             json!({"type": ["string", "null"], "enum": [class_enum[0], class_enum[1], class_enum[2], null],
                    "description": desc(p)})
         });
-        for field in ["since", "until"] {
+        let time_filter = time_filter_pattern();
+        for field in ["since", "until", "finished_since", "finished_until"] {
             set_prop(schemas, "TaskFilter", field, |p| {
-                let mut s = nullable_pattern(&desc(p), &any_ts);
-                s["format"] = json!("date-time");
-                s
+                nullable_pattern(&desc(p), &time_filter)
             });
         }
         for field in ["q", "fingerprint"] {
@@ -570,6 +630,8 @@ fn patch(cfg: &Config, v: &mut Value) {
                 "q",
                 "since",
                 "until",
+                "finished_since",
+                "finished_until",
                 "fingerprint",
             ];
             f["anyOf"] = Value::Array(
@@ -644,8 +706,11 @@ fn patch(cfg: &Config, v: &mut Value) {
                         (Some("query"), "error_class") => {
                             json!({"type": "string", "enum": class_enum})
                         }
-                        (Some("query"), "since" | "until") => {
-                            json!({"type": "string", "format": "date-time", "pattern": any_ts})
+                        (
+                            Some("query"),
+                            "since" | "until" | "finished_since" | "finished_until",
+                        ) => {
+                            json!({"type": "string", "pattern": time_filter_pattern()})
                         }
                         (Some("query"), "limit") => json!({"type": "integer", "minimum": 1,
                             "maximum": super::messages::MAX_PAGE}),
@@ -898,6 +963,56 @@ mod tests {
         assert!(p.is_match("2026-12-31T23:59:59Z"));
         assert!(p.is_match("0001-01-01T00:00:00Z"));
         assert!(!p.is_match("2027-01-01T00:00:00Z"));
+    }
+
+    /// A time filter's pattern accepts exactly what `time_filter_in` accepts: timestamps of
+    /// any year and durations up to 100 years ago, nothing else (regression, issue 15: the
+    /// document said `format: date-time` only, and `since=12h` was a 400).
+    #[test]
+    fn time_filter_pattern_is_exactly_what_a_time_filter_accepts() {
+        let p = re(&time_filter_pattern());
+        let now = Timestamp::parse("2026-01-31T12:00:00Z").unwrap();
+        for v in [
+            "2026-01-31T12:00:00Z",
+            "2026-01-31T12:00:00.5+08:00",
+            "0001-01-01T00:00:00Z",
+            "12h",
+            "30m",
+            "0",
+            "0s",
+            "7d",
+            "250ms",
+            "36500d",
+            "36501d",
+            "876000h",
+            "876001h",
+            "1h 30m",
+            "1h30m",
+            "012h",
+            "-1h",
+            "yesterday",
+            "",
+            "2026-01-31",
+            "2026-02-30T00:00:00Z",
+            "12h ",
+        ] {
+            let accepted = time_filter_in("since", v, now).is_ok();
+            // 30 February has the shape and is refused by the calendar: the one value a
+            // pattern cannot refuse (as for every timestamp field).
+            if v == "2026-02-30T00:00:00Z" {
+                assert!(p.is_match(v) && !accepted);
+                continue;
+            }
+            assert_eq!(p.is_match(v), accepted, "{v:?}");
+        }
+        assert_eq!(
+            time_filter_in("since", "12h", now).unwrap(),
+            Timestamp::parse("2026-01-31T00:00:00Z").unwrap()
+        );
+        assert_eq!(time_filter_in("until", "0", now).unwrap(), now);
+        let e = time_filter_in("finished_since", "soon", now).unwrap_err();
+        assert_eq!(e.code, "invalid_timestamp");
+        assert!(e.message.starts_with("finished_since: "), "{}", e.message);
     }
 
     #[test]

@@ -62,12 +62,19 @@ pub struct TaskFilter {
     /// Text in the payload or the last error message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub q: Option<String>,
-    /// Created at or after (RFC 3339).
+    /// Created at or after: RFC 3339, or a duration ago (`12h`, counted from the task's
+    /// creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
-    /// Created before (RFC 3339).
+    /// Created before: RFC 3339, or a duration ago.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
+    /// Finished (done or dead) at or after: RFC 3339, or a duration ago.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_since: Option<String>,
+    /// Finished before: RFC 3339, or a duration ago.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_until: Option<String>,
     /// A failure group's fingerprint (`GET /v1/failure-groups`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
@@ -114,9 +121,13 @@ pub struct TaskView {
     pub rate: Option<String>,
     /// Messages selected when it was created.
     pub total: u64,
-    /// Messages acted on.
+    /// Messages the action was applied to: redriven, killed or deleted. For a redrive, how
+    /// those messages fared afterwards is not counted here (see `stop_reason`).
     pub done: u64,
-    /// Messages the action was refused for (no longer in a state it applies to, gone).
+    /// Messages the store refused the action for when the task reached them: no longer in a
+    /// state it applies to (redriven, killed or acked by someone else meanwhile) or gone.
+    /// Not the redriven messages that failed again: the stop rule counts those, and a
+    /// stopped task says how many in `stop_reason`.
     pub failed: u64,
     /// Who created it.
     pub created_by: String,
@@ -126,7 +137,8 @@ pub struct TaskView {
     /// Last change.
     #[schema(value_type = String)]
     pub updated_at: Timestamp,
-    /// Why it stopped or was cancelled, or the last refusal.
+    /// Why it stopped (with the stop rule's figures: how many of the redriven messages
+    /// whose outcome is known failed again) or was cancelled, or the last refusal.
     pub stop_reason: Option<String>,
     /// The stop rule of a redrive.
     pub stop_failure_ratio: Option<f64>,
@@ -197,20 +209,26 @@ fn plan_of(req: &TaskRequest, now: Timestamp) -> Result<(TaskAction, TaskPlan), 
         return Err(ApiError::bad_request(
             "empty_filter",
             "filter: give at least one of queue, state, key, error_class, q, since, until, \
-             fingerprint (a task over every message is refused)",
+             finished_since, finished_until, fingerprint (a task over every message is refused)",
         ));
     }
     let field = |e: ApiError| ApiError::new(e.status, e.code, format!("filter.{}", e.message));
-    let mf = filter_of(&SearchQuery {
-        queue: f.queue.clone(),
-        state: f.state.clone(),
-        key: f.key.clone(),
-        error_class: f.error_class.clone(),
-        q: f.q.clone(),
-        since: f.since.clone(),
-        until: f.until.clone(),
-        ..SearchQuery::default()
-    })
+    let mf = filter_of(
+        &SearchQuery {
+            queue: f.queue.clone(),
+            state: f.state.clone(),
+            key: f.key.clone(),
+            error_class: f.error_class.clone(),
+            q: f.q.clone(),
+            since: f.since.clone(),
+            until: f.until.clone(),
+            finished_since: f.finished_since.clone(),
+            finished_until: f.finished_until.clone(),
+            fingerprint: f.fingerprint.clone(),
+            ..SearchQuery::default()
+        },
+        now,
+    )
     .map_err(field)?;
     for (field, value) in [("fingerprint", &f.fingerprint), ("q", &f.q)] {
         if value.as_deref().is_some_and(str::is_empty) {
@@ -260,7 +278,6 @@ fn plan_of(req: &TaskRequest, now: Timestamp) -> Result<(TaskAction, TaskPlan), 
         TaskPlan {
             filter: serde_json::to_value(f).unwrap_or(serde_json::Value::Null),
             selection,
-            fingerprint: f.fingerprint.clone(),
             rate: req.rate.clone(),
             rate_per_second,
             kill_reason: req.reason.clone(),

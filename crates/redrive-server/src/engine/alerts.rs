@@ -1075,7 +1075,8 @@ mod tests {
         assert_eq!(
             a.top_reasons,
             [
-                ("transient: HTTP <n> req <n>".to_owned(), 21),
+                // The status stays in the fingerprint (issue 15), the request number does not.
+                ("transient: HTTP 503 req <n>".to_owned(), 21),
                 ("transient: timeout".to_owned(), 9),
                 ("transient: disk full".to_owned(), 1)
             ]

@@ -415,7 +415,7 @@ impl Engine {
     /// Hand every message `filter` selects (without history) to `each`, newest first, read a
     /// page of 1,000 at a time, until at least `max` were read: answers whether that bound
     /// stopped it before the end of the selection. For the scans that need each message
-    /// (failure groups, a fingerprint's count).
+    /// (failure groups).
     pub async fn scan(
         &self,
         filter: &redrive_storage::MessageFilter,

@@ -16,7 +16,7 @@
 //! with the figures in `stop_reason`. The watch restarts empty after a restart.
 
 use super::Engine;
-use redrive_core::{fingerprint, HistoryEvent, MessageId, State};
+use redrive_core::{HistoryEvent, MessageId, State};
 use redrive_storage::{
     MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
     TaskTransition,
@@ -52,11 +52,11 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 pub struct TaskPlan {
     /// The filter as the operator gave it (shown back; not re-parsed).
     pub filter: serde_json::Value,
-    /// The selection, parsed; its `until` is at most the task's creation.
+    /// The selection, parsed (relative times resolved at creation); its `until` is at most
+    /// the task's creation. Its `fingerprint` (a failure group's) is the spec's top-level
+    /// `fingerprint`, as stored before the store could filter on it.
     #[serde(flatten)]
     pub selection: MessageFilter,
-    /// Only messages of this failure fingerprint (`GET /v1/failure-groups`).
-    pub fingerprint: Option<String>,
     /// The rate as given (`"100/s"`).
     pub rate: Option<String>,
     /// Messages per second; `None`: as fast as the store goes.
@@ -73,12 +73,6 @@ impl TaskPlan {
     /// The plan of a stored task.
     pub fn of(task: &TaskRecord) -> Result<TaskPlan, StoreError> {
         Ok(serde_json::from_value(task.spec.clone())?)
-    }
-
-    fn matches(&self, m: &redrive_core::Message) -> bool {
-        self.fingerprint
-            .as_deref()
-            .is_none_or(|f| fingerprint::of_message(m).0 == f)
     }
 
     /// Messages per step and the pause after a step of `n` messages.
@@ -136,19 +130,9 @@ struct Running {
     watch: Watch,
 }
 
-/// Count what `plan` selects now (a dry run, or a new task's `total`). With a fingerprint
-/// the selection is read page by page; without, the store counts.
+/// Count what `plan` selects now (a dry run, or a new task's `total`).
 pub async fn count(engine: &Engine, plan: &TaskPlan) -> Result<u64, StoreError> {
-    if plan.fingerprint.is_none() {
-        return engine.store().count(plan.selection.clone()).await;
-    }
-    let mut n = 0;
-    engine
-        .scan(&plan.selection, usize::MAX, |m| {
-            n += u64::from(plan.matches(m))
-        })
-        .await?;
-    Ok(n)
+    engine.store().count(plan.selection.clone()).await
 }
 
 /// Run every running task until `stop`.
@@ -220,8 +204,7 @@ async fn step(
     let page = store
         .search(plan.selection.clone(), batch, task.cursor.clone())
         .await?;
-    let selected: Vec<&redrive_core::Message> =
-        page.messages.iter().filter(|m| plan.matches(m)).collect();
+    let selected: Vec<&redrive_core::Message> = page.messages.iter().collect();
     let out = store
         .task_step(
             TaskStep {
@@ -249,7 +232,7 @@ async fn step(
         while watch.pending.len() > MAX_WATCHED {
             watch.pending.pop_front();
         }
-        check_outcomes(engine, &plan, task, watch).await?;
+        check_outcomes(engine, &plan, &out.task, watch).await?;
     }
     Ok(pause(selected.len().max(1)))
 }
@@ -292,12 +275,19 @@ async fn check_outcomes(
         && known > 0
         && failed as f64 / known as f64 > plan.stop_failure_ratio
     {
+        // Says which count is which (issue 15): `done` is what the task redrove, `failed`
+        // what the store refused, and these figures are the redriven messages that failed
+        // again, which only this rule counts.
         let reason = format!(
-            "{failed} of the last {known} redriven messages failed again (more than {:.0} %): \
-             stopped after {} of {}; fix the cause, then start a new task",
+            "stopped by its stop rule: {failed} of the last {known} redriven messages whose \
+             outcome is known failed again (more than {:.0} %; the rule looks at the last \
+             {OUTCOME_WINDOW} once {} are known); {} of {} redriven before it stopped, {} \
+             refused; fix the cause, then start a new task",
             plan.stop_failure_ratio * 100.0,
+            plan.stop_min_outcomes,
             task.done,
-            task.total
+            task.total,
+            task.failed
         );
         tracing::warn!(task = %task.id, %reason, "task stopped by itself");
         let audit = NewAudit {
@@ -328,4 +318,40 @@ async fn check_outcomes(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A task stored before the store filtered on fingerprints (every selection field
+    /// written, `null` when unset, the fingerprint beside them) reads with its fingerprint in
+    /// the selection, and a plan written now has the same shape.
+    #[test]
+    fn a_stored_spec_of_an_older_version_reads_with_its_fingerprint() {
+        let fp = "permanent: order <n> not found";
+        let old = json!({
+            "filter": {"queue": "bulk", "state": "dead", "fingerprint": fp},
+            "queue": "bulk", "state": "dead", "key": null, "error_class": null, "text": null,
+            "since": null, "until": "2026-01-31T12:00:00.001Z", "fingerprint": fp,
+            "rate": "100/s", "rate_per_second": 100.0, "kill_reason": null,
+            "stop_failure_ratio": 0.5, "stop_min_outcomes": 20
+        });
+        let plan: TaskPlan = serde_json::from_value(old).unwrap();
+        assert_eq!(plan.selection.fingerprint.as_deref(), Some(fp));
+        assert_eq!(plan.selection.queue.as_deref(), Some("bulk"));
+        assert_eq!(plan.selection.state, Some(State::Dead));
+        assert_eq!(plan.selection.finished_since, None);
+        let now = serde_json::to_value(&plan).unwrap();
+        assert_eq!(now["fingerprint"], fp, "{now}");
+        assert_eq!(serde_json::from_value::<TaskPlan>(now).unwrap(), plan);
+        let without: TaskPlan = serde_json::from_value(json!({
+            "filter": {"queue": "bulk"}, "queue": "bulk", "fingerprint": null,
+            "rate": null, "rate_per_second": null, "kill_reason": null,
+            "stop_failure_ratio": 0.5, "stop_min_outcomes": 20
+        }))
+        .unwrap();
+        assert_eq!(without.selection.fingerprint, None);
+    }
 }

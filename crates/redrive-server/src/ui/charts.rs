@@ -64,6 +64,13 @@ pub fn lines(title: &str, w: &Window, label_every: u32) -> String {
             );
         }
     }
+    // The x labels are UTC minutes: say so under the y axis.
+    let _ = write!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-size=\"10\" fill=\"#6b7280\">UTC</text>",
+        ML - 4.0,
+        H - 5.0
+    );
     for (k, kind) in Kind::ALL.iter().enumerate() {
         let mut pts = String::new();
         for (i, v) in w.counts[k].iter().enumerate() {
@@ -106,5 +113,6 @@ mod tests {
         assert!(svg.contains("Last hour &lt;per minute&gt;"));
         assert!(svg.contains("dead <b>4</b>"));
         assert!(svg.contains(">01:00<"));
+        assert!(svg.contains(">UTC</text>"), "the time axis says UTC");
     }
 }

@@ -1,6 +1,7 @@
 //! `GET /ui/groups`: dead letters grouped by failure fingerprint, largest first (the data
-//! of `GET /v1/failure-groups`), each with a bulk action: redrive, kill or delete the
-//! group, after a dry-run count on a confirm page (`/ui/tasks/new`).
+//! of `GET /v1/failure-groups`), each linked to the list of all its messages
+//! (`/ui/messages?state=dead&fingerprint=…`) and with a bulk action: redrive, kill or delete
+//! the group, after a dry-run count on a confirm page (`/ui/tasks/new`).
 
 use super::html::{self, esc, url};
 use super::{api_error, Ui};
@@ -46,7 +47,8 @@ pub async fn page(
     let _ = write!(
         b,
         "<p class=\"muted\">Dead letters grouped by their last error (class and message, with ids, numbers and hex \
-         normalised away), largest first: {} dead letters read{}.</p>",
+         normalised away; HTTP statuses and SQLSTATEs kept), largest first: {} dead letters read{}. \
+         A fingerprint lists all of its messages.</p>",
         found.scanned,
         if found.truncated {
             " (the newest 100,000: there are more)"
@@ -101,14 +103,20 @@ pub async fn page(
             })
             .collect::<Vec<_>>()
             .join(" ");
+        // Every message of the group, not only its samples: the search by fingerprint.
+        let all = format!(
+            "/ui/messages?state=dead&amp;fingerprint={}",
+            url(&g.fingerprint)
+        );
         let _ = write!(
             b,
-            "<tr><td class=\"num\"><b>{}</b></td><td class=\"mono fingerprint\">{}</td><td>{queues}</td><td>{}</td>\
-             <td class=\"err\">{}<div class=\"muted\">{samples}</div></td><td>{}<br>{}</td>",
+            "<tr><td class=\"num\"><b>{}</b></td><td class=\"mono fingerprint\"><a href=\"{all}\">{}</a></td><td>{queues}</td><td>{}</td>\
+             <td class=\"err\">{}<div class=\"muted\">{samples} <a class=\"all\" href=\"{all}\">all {} →</a></div></td><td>{}<br>{}</td>",
             g.count,
             html::short(&g.fingerprint, 160),
             esc(&g.dead_reasons.join(", ")),
             html::short(g.example.as_deref().unwrap_or(""), 200),
+            g.count,
             html::time_opt(g.first_at),
             html::time_opt(g.last_at),
         );

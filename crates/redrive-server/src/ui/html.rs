@@ -201,7 +201,8 @@ pub fn time(t: Timestamp) -> String {
         .get(..19)
         .map(|s| s.replace('T', " "))
         .unwrap_or_else(|| full.clone());
-    format!("<time datetime=\"{full}\" title=\"{full}\">{short}</time>")
+    // Labelled: an operator in another time zone must not read it as local (issue 15).
+    format!("<time datetime=\"{full}\" title=\"{full}\">{short} UTC</time>")
 }
 
 /// An optional time, or a dash.
@@ -271,5 +272,15 @@ mod tests {
         assert_eq!(query(&[("a", None)]), "");
         assert_eq!(short("abcdef", 3), "abc…");
         assert_eq!(age(3725.0), "1h 2m");
+    }
+
+    #[test]
+    fn every_time_is_labelled_utc() {
+        let t = Timestamp::parse("2026-01-31T20:05:09.250+08:00").unwrap();
+        assert_eq!(
+            time(t),
+            "<time datetime=\"2026-01-31T12:05:09.250Z\" title=\"2026-01-31T12:05:09.250Z\">2026-01-31 12:05:09 UTC</time>"
+        );
+        assert!(time_opt(Some(t)).ends_with(" UTC</time>"));
     }
 }

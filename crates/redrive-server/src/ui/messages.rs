@@ -60,7 +60,7 @@ pub async fn search(
         b.push_str(&done_notice(d));
     }
     b.push_str(&search_form(&q));
-    let filter = match filter_of(&q) {
+    let filter = match filter_of(&q, s.engine.clock().now()) {
         Ok(f) => f,
         Err(e) => {
             b.push_str(&html::notice("error", &e.message));
@@ -90,6 +90,9 @@ pub async fn search(
         ("q", q.q.as_deref()),
         ("since", q.since.as_deref()),
         ("until", q.until.as_deref()),
+        ("finished_since", q.finished_since.as_deref()),
+        ("finished_until", q.finished_until.as_deref()),
+        ("fingerprint", q.fingerprint.as_deref()),
     ];
     let base = query(&filters);
     let joiner = if base.is_empty() { "?" } else { "&amp;" };
@@ -137,6 +140,9 @@ fn blanks_unset(mut q: SearchQuery) -> SearchQuery {
         &mut q.q,
         &mut q.since,
         &mut q.until,
+        &mut q.finished_since,
+        &mut q.finished_until,
+        &mut q.fingerprint,
         &mut q.cursor,
         &mut q.format,
     ] {
@@ -157,8 +163,9 @@ fn capitalised(s: &str) -> String {
 fn search_form(q: &SearchQuery) -> String {
     let text = |name: &str, label: &str, v: &Option<String>, ph: &str| {
         format!(
-            "<label>{label}<input name=\"{name}\" value=\"{}\" placeholder=\"{ph}\"></label>",
-            esc(v.as_deref().unwrap_or(""))
+            "<label>{label}<input name=\"{name}\" value=\"{}\" placeholder=\"{}\"></label>",
+            esc(v.as_deref().unwrap_or("")),
+            esc(ph)
         )
     };
     let select = |name: &str, label: &str, v: &Option<String>, options: &[&str]| {
@@ -177,8 +184,10 @@ fn search_form(q: &SearchQuery) -> String {
     };
     let states: Vec<&str> = MsgState::ALL.iter().map(|s| s.as_str()).collect();
     format!(
-        "<form class=\"search\" method=\"get\" action=\"/ui/messages\">{}{}{}{}{}{}{}<button>Search</button>\
-         <a class=\"button secondary\" href=\"/ui/messages\">Clear</a></form>",
+        "<form class=\"search\" method=\"get\" action=\"/ui/messages\">{}{}{}{}{}{}{}{}{}{}<button>Search</button>\
+         <a class=\"button secondary\" href=\"/ui/messages\">Clear</a>\
+         <p class=\"muted hint\">Times are UTC: an RFC 3339 time (<code>2026-01-31T08:00:00Z</code>) or how long ago \
+         (<code>12h</code>, <code>30m</code>, <code>7d</code>). Created: when published; finished: when it became done or dead.</p></form>",
         text("queue", "Queue", &q.queue, "orders"),
         select("state", "State", &q.state, &states),
         text("key", "Key", &q.key, "customer-42"),
@@ -189,15 +198,65 @@ fn search_form(q: &SearchQuery) -> String {
             &["transient", "rate_limited", "permanent"]
         ),
         text("q", "Text (payload or error)", &q.q, "timeout"),
-        text("since", "Since (RFC 3339)", &q.since, "2026-01-31T00:00:00Z"),
-        text("until", "Until", &q.until, ""),
+        text(
+            "fingerprint",
+            "Failure group",
+            &q.fingerprint,
+            "transient: HTTP 503 from <n>"
+        ),
+        text("since", "Created since (UTC)", &q.since, "12h"),
+        text("until", "Created until (UTC)", &q.until, ""),
+        text(
+            "finished_since",
+            "Finished since (UTC)",
+            &q.finished_since,
+            "2026-01-31T08:00:00Z"
+        ),
+        text("finished_until", "Finished until (UTC)", &q.finished_until, ""),
     )
+}
+
+/// Characters of a payload shown in a search row.
+const SNIPPET_CHARS: usize = 80;
+
+/// The start of `payload`'s compact JSON, at most [`SNIPPET_CHARS`] characters (with `…`
+/// when cut), escaped. Serialising stops after a few hundred bytes: a large payload costs
+/// no more than a small one.
+fn snippet(payload: &serde_json::Value) -> String {
+    /// A writer that keeps the first `limit` bytes and then refuses more.
+    struct Head {
+        bytes: Vec<u8>,
+        limit: usize,
+    }
+    impl std::io::Write for Head {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let room = self.limit - self.bytes.len();
+            if room == 0 {
+                return Err(std::io::Error::other("enough"));
+            }
+            let n = buf.len().min(room);
+            self.bytes.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // A character is at most 4 bytes; one more than the snippet says whether it was cut.
+    let mut head = Head {
+        bytes: Vec::new(),
+        limit: (SNIPPET_CHARS + 1) * 4,
+    };
+    let _ = serde_json::to_writer(&mut head, payload);
+    let text = String::from_utf8_lossy(&head.bytes);
+    // A cut in the middle of a character shows as U+FFFD at the very end: past the snippet.
+    html::short(&text, SNIPPET_CHARS)
 }
 
 fn result_table(ms: &[Message]) -> String {
     let mut b = String::from(
         "<table class=\"results\"><thead><tr><th>Id</th><th>Queue</th><th>State</th><th class=\"num\">Attempts</th>\
-         <th>Last error</th><th>Key</th><th>Created</th><th>Updated</th></tr></thead><tbody>",
+         <th>Last error</th><th>Payload</th><th>Key</th><th>Created</th><th>Finished</th></tr></thead><tbody>",
     );
     for m in ms {
         let err = m.last_error.as_ref().map_or_else(String::new, |e| {
@@ -210,7 +269,8 @@ fn result_table(ms: &[Message]) -> String {
         let _ = write!(
             b,
             "<tr><td class=\"mono\"><a href=\"/ui/messages/{id}\">{id}</a></td><td><a href=\"/ui/queues/{}\">{}</a></td>\
-             <td>{}{}</td><td class=\"num\">{}</td><td class=\"err\">{err}</td><td class=\"mono\">{}</td><td>{}</td><td>{}</td></tr>",
+             <td>{}{}</td><td class=\"num\">{}</td><td class=\"err\">{err}</td><td class=\"mono snippet\">{}</td>\
+             <td class=\"mono\">{}</td><td>{}</td><td>{}</td></tr>",
             url(&m.queue),
             esc(&m.queue),
             html::badge(m.state.as_str()),
@@ -218,9 +278,10 @@ fn result_table(ms: &[Message]) -> String {
                 .map(|r| format!(" <span class=\"muted\">{}</span>", r.as_str()))
                 .unwrap_or_default(),
             m.attempts,
+            snippet(&m.payload),
             esc(m.key.as_deref().unwrap_or("")),
             html::time(m.created_at),
-            html::time(m.updated_at),
+            html::time_opt(m.finished_at),
             id = m.id,
         );
     }

@@ -1,6 +1,6 @@
 //! Bulk tasks in the console: `GET /ui/tasks/new` (what a filter selects now, a dry run,
 //! and the form that starts the task), `POST /ui/tasks` (start it), `GET /ui/tasks` and
-//! `GET /ui/tasks/{id}` (progress: total, done, failed; the page refreshes itself while
+//! `GET /ui/tasks/{id}` (progress: total, acted on, refused, each said in words; the page refreshes itself while
 //! the task runs), `POST /ui/tasks/{id}/{pause|resume|cancel}`. Creating and changing a
 //! task is `api::tasks::create` / `transition`, audited as the session's token.
 
@@ -34,6 +34,8 @@ pub struct TaskForm {
     q: Option<String>,
     since: Option<String>,
     until: Option<String>,
+    finished_since: Option<String>,
+    finished_until: Option<String>,
     fingerprint: Option<String>,
     rate: Option<String>,
     reason: Option<String>,
@@ -57,6 +59,8 @@ impl TaskForm {
                 q: some(&self.q),
                 since: some(&self.since),
                 until: some(&self.until),
+                finished_since: some(&self.finished_since),
+                finished_until: some(&self.finished_until),
                 fingerprint: some(&self.fingerprint),
             },
             rate: some(&self.rate),
@@ -79,6 +83,8 @@ impl TaskForm {
             ("q", &self.q),
             ("since", &self.since),
             ("until", &self.until),
+            ("finished_since", &self.finished_since),
+            ("finished_until", &self.finished_until),
             ("fingerprint", &self.fingerprint),
         ] {
             if let Some(v) = some(v) {
@@ -215,7 +221,8 @@ pub async fn list(State(s): State<AppState>, Extension(ui): Extension<Ui>) -> Re
     let running = views.iter().any(|t| t.state == "running");
     b.push_str(
         "<table class=\"tasks\"><thead><tr><th>Task</th><th>Action</th><th>State</th><th>Progress</th>\
-         <th class=\"num\">Done / failed / total</th><th>By</th><th>Created</th></tr></thead><tbody>",
+         <th class=\"num\" title=\"acted on: redriven, killed or deleted; refused: no longer in a state the action \
+         applies to, or gone\">Acted on / refused / total</th><th>By</th><th>Created</th></tr></thead><tbody>",
     );
     for t in &views {
         let _ = write!(
@@ -268,14 +275,14 @@ pub async fn detail(
     };
     let _ = write!(
         b,
-        "<div class=\"card\">{}<p><b id=\"task-progress\">{} of {}</b> ({pct:.0} %): <span class=\"done\">{} done</span>, \
-         <span class=\"failed\">{} failed</span>.</p><dl class=\"kv\"><dt>action</dt><dd>{}</dd><dt>rate</dt><dd>{}</dd>\
+        "<div class=\"card\">{}<p><b id=\"task-progress\">{} of {}</b> ({pct:.0} %): {}</p>{}\
+         <dl class=\"kv\"><dt>action</dt><dd>{}</dd><dt>rate</dt><dd>{}</dd>\
          <dt>created by</dt><dd class=\"mono\">{}</dd><dt>created</dt><dd>{}</dd><dt>updated</dt><dd>{}</dd>{}</dl></div>",
         html::progress(t.total, t.done, t.failed),
         finished,
         t.total,
-        t.done,
-        t.failed,
+        counts_sentence(&t),
+        counts_legend(&t),
         esc(&t.action),
         esc(t.rate.as_deref().unwrap_or("as fast as possible")),
         esc(&t.created_by),
@@ -283,7 +290,14 @@ pub async fn detail(
         html::time(t.updated_at),
         t.stop_reason
             .as_deref()
-            .map(|r| format!("<dt>note</dt><dd>{}</dd>", esc(r)))
+            .map(|r| {
+                let label = match t.state.as_str() {
+                    "stopped" => "why it stopped",
+                    "cancelled" => "why it was cancelled",
+                    _ => "last refusal",
+                };
+                format!("<dt>{label}</dt><dd id=\"task-reason\">{}</dd>", esc(r))
+            })
             .unwrap_or_default()
     );
     b.push_str("<h2>Selection</h2>");
@@ -322,6 +336,51 @@ pub async fn detail(
         (t.state == "running").then_some(REFRESH_SECONDS),
     );
     html::respond(StatusCode::OK, html)
+}
+
+/// What a task's action did to a message, in the past tense (`redriven`).
+fn acted(action: &str) -> &'static str {
+    match action {
+        "redrive" => "redriven",
+        "kill" => "killed",
+        "delete" => "deleted",
+        _ => "acted on",
+    }
+}
+
+/// The counts in words: `22 redriven, 0 refused.` (issue 15: a stopped redrive read
+/// "22 done, 0 failed" beside "20 failed again").
+fn counts_sentence(t: &TaskView) -> String {
+    format!(
+        "<span class=\"done\" id=\"task-done\">{} {}</span>, <span class=\"failed\" id=\"task-refused\">{} refused</span>.",
+        t.done,
+        acted(&t.action),
+        t.failed
+    )
+}
+
+/// What each count means, under them.
+fn counts_legend(t: &TaskView) -> String {
+    let mut b = format!(
+        "<p class=\"muted\" id=\"task-legend\"><b>{}</b>: the task {} them. <b>refused</b>: the store refused the {} \
+         when the task reached them (no longer in a state it applies to, changed by someone else meanwhile, or gone).",
+        acted(&t.action),
+        match t.action.as_str() {
+            "redrive" => "redrove",
+            _ => acted(&t.action),
+        },
+        esc(&t.action)
+    );
+    if let Some(ratio) = t.stop_failure_ratio {
+        let _ = write!(
+            b,
+            " A redriven message that fails again still counts as redriven: the stop rule watches those, and stops \
+             the task when more than {:.0} % of the last 100 whose outcome is known failed again.",
+            ratio * 100.0
+        );
+    }
+    b.push_str("</p>");
+    b
 }
 
 /// `POST /ui/tasks/{id}/{pause|resume|cancel}`.

@@ -130,7 +130,7 @@ async fn three_deaths_are_one_batched_alert_per_sink_delivered_by_push() {
     assert_eq!(alert["window"], "1s");
     assert_eq!(
         alert["top_reasons"],
-        json!([{"fingerprint": "transient: HTTP <n> from payments (req <id>)", "count": 3}])
+        json!([{"fingerprint": "transient: HTTP 503 from payments (req <id>)", "count": 3}])
     );
     let mut examples = alert["examples"].as_array().unwrap().clone();
     examples.sort_by_key(|v| v.to_string());
@@ -139,7 +139,7 @@ async fn three_deaths_are_one_batched_alert_per_sink_delivered_by_push() {
     assert_eq!(alert["link"], "/ui/messages?queue=orders&state=dead");
     let text = alert["text"].as_str().unwrap();
     assert!(
-        text.starts_with("[redrive] 3 new dead letters in orders in the last 1s; top reasons: transient: HTTP <n> from payments (req <id>) (3)"),
+        text.starts_with("[redrive] 3 new dead letters in orders in the last 1s; top reasons: transient: HTTP 503 from payments (req <id>) (3)"),
         "{text}"
     );
     assert_eq!(

@@ -734,3 +734,193 @@ async fn dead_letters_are_grouped_by_failure_fingerprint() {
     );
     s.stop().await;
 }
+
+/// `s` percent-encoded for a query value.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Regression, issue 15 (SPEC §5, §12 "triage by time"): search and export filter on when a
+/// message finished (`finished_since`, `finished_until`: done or dead), and every time filter
+/// takes a duration meaning that long ago (`since=1h`); a bad one is a 400 naming it.
+#[tokio::test]
+async fn search_filters_on_when_a_message_finished_and_takes_relative_times() {
+    let s = TestServer::fast("").await;
+    let acked = s.publish_payload("fin", json!("acked")).await;
+    let l = s.lease_one("fin", "0s").await;
+    let (st, body) = s.ack(&acked, &lease_of(&l)).await;
+    assert_eq!(st, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let between = redrive_core::Timestamp::now().to_rfc3339();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let dead = id_of(
+        &s.publish(
+            "fin",
+            json!({"payload": "dead", "failed": {"class": "permanent", "message": "no such order"}}),
+        )
+        .await,
+    );
+    let ready = s.publish_payload("fin", json!("ready")).await;
+    let search = |q: String| {
+        let s = &s;
+        async move {
+            let (st, v) = s.get(&format!("/v1/messages?queue=fin&{q}")).await;
+            assert_eq!(st, 200, "{q}: {v}");
+            ids(&v)
+        }
+    };
+    assert_eq!(
+        search(format!("finished_since={between}")).await,
+        [dead.as_str()]
+    );
+    assert_eq!(
+        search(format!("finished_until={between}")).await,
+        [acked.as_str()]
+    );
+    assert_eq!(
+        search("finished_since=1h".into()).await,
+        [dead.as_str(), acked.as_str()],
+        "finished within the hour, newest first; the ready one is not finished"
+    );
+    assert_eq!(
+        search("finished_since=30m&state=dead".into()).await,
+        [dead.as_str()]
+    );
+    assert_eq!(
+        search("since=12h".into()).await,
+        [ready.as_str(), dead.as_str(), acked.as_str()]
+    );
+    assert!(search("until=12h".into()).await.is_empty());
+    assert!(search("finished_until=1h".into()).await.is_empty());
+    assert_eq!(search("until=0".into()).await.len(), 3, "until now");
+    // The export takes the same filters.
+    let (st, lines) = s
+        .get_text("/v1/messages/export?queue=fin&finished_since=1h&format=jsonl")
+        .await;
+    assert_eq!(st, 200, "{lines}");
+    let exported: Vec<String> = lines
+        .lines()
+        .map(|l| id_of(&serde_json::from_str(l).unwrap()))
+        .collect();
+    assert_eq!(exported, [dead.clone(), acked.clone()]);
+    for (q, needle) in [
+        ("finished_since=soon", "finished_since"),
+        ("finished_until=2026-13-01T00:00:00Z", "finished_until"),
+        ("since=1h30m", "since"),
+        ("until=36501d", "until"),
+        ("since=-1h", "since"),
+    ] {
+        assert_error_names(
+            &s.get(&format!("/v1/messages?{q}")).await,
+            400,
+            "invalid_timestamp",
+            needle,
+        );
+        assert_error_names(
+            &s.get(&format!("/v1/messages/export?{q}")).await,
+            400,
+            "invalid_timestamp",
+            needle,
+        );
+    }
+    s.stop().await;
+}
+
+/// Regression, issue 15: a failure group showed a few sample ids and no way to list the
+/// rest. `fingerprint` (exact) lists all of a group's messages, in full pages with a cursor,
+/// and exports them; HTTP statuses make different groups.
+#[tokio::test]
+async fn a_failure_group_lists_all_its_messages() {
+    let s = TestServer::fast("").await;
+    let dead = |queue: &'static str, text: String| {
+        let s = &s;
+        async move {
+            id_of(
+                &s.publish(
+                    queue,
+                    json!({"payload": {"text": text}, "failed": {"class": "permanent", "message": text}}),
+                )
+                .await,
+            )
+        }
+    };
+    let mut group = HashSet::new();
+    for i in 0..49 {
+        group.insert(dead("fg", format!("order {i} not found")).await);
+        if i % 10 == 0 {
+            dead("fg", format!("HTTP 503 from payments (req {i})")).await;
+        }
+    }
+    let h500 = dead("fg", "HTTP 500 from payments (req 7)".into()).await;
+    let (st, g) = s.get("/v1/failure-groups?queue=fg").await;
+    assert_eq!(st, 200, "{g}");
+    let groups = g["groups"].as_array().unwrap();
+    let fp = "permanent: order <n> not found";
+    assert_eq!(groups[0]["fingerprint"], fp, "{g}");
+    assert_eq!(groups[0]["count"], 49, "{g}");
+    assert_eq!(groups[0]["sample_ids"].as_array().unwrap().len(), 5);
+    let counts: Vec<(String, u64)> = groups
+        .iter()
+        .map(|g| {
+            (
+                g["fingerprint"].as_str().unwrap().to_owned(),
+                g["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        counts.contains(&("permanent: HTTP 503 from payments (req <n>)".into(), 5))
+            && counts.contains(&("permanent: HTTP 500 from payments (req <n>)".into(), 1)),
+        "503 and 500 are two groups: {counts:?}"
+    );
+    // Every message of the group, in full pages of 20.
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/messages?state=dead&fingerprint={}&limit=20", enc(fp));
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let (st, v) = s.get(&path).await;
+        assert_eq!(st, 200, "{v}");
+        let page = ids(&v);
+        sizes.push(page.len());
+        seen.extend(page);
+        match v["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+        assert!(sizes.len() < 10, "runaway paging: {sizes:?}");
+    }
+    assert_eq!(sizes, [20, 20, 9]);
+    assert_eq!(seen.iter().cloned().collect::<HashSet<_>>(), group);
+    assert_eq!(seen.len(), 49, "no duplicate");
+    let (_, v) = s
+        .get(&format!(
+            "/v1/messages?fingerprint={}",
+            enc("permanent: HTTP 500 from payments (req <n>)")
+        ))
+        .await;
+    assert_eq!(ids(&v), [h500.as_str()]);
+    let (st, lines) = s
+        .get_text(&format!(
+            "/v1/messages/export?fingerprint={}&format=jsonl",
+            enc(fp)
+        ))
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(lines.lines().count(), 49);
+    // Exact, not a prefix or a pattern.
+    let (_, v) = s.get("/v1/messages?fingerprint=permanent").await;
+    assert!(ids(&v).is_empty(), "{v}");
+    s.stop().await;
+}

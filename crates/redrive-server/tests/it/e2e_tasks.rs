@@ -165,6 +165,53 @@ async fn task_on_a_failure_group_acts_on_that_group_only() {
     s.stop().await;
 }
 
+/// Regression, issue 15: a task selects by when its messages died (`finished_since`,
+/// `finished_until`) and takes relative times, counted back from its creation; the filter
+/// is shown as given.
+#[tokio::test]
+async fn a_task_selects_by_finished_time_and_relative_times() {
+    let s = TestServer::fast(ONE_SHOT).await;
+    dead_letters(&s, 6, |i| format!("order {i} not found")).await;
+    let dry = |filter: Value| {
+        let s = &s;
+        async move {
+            let d = ok(s
+                .post(
+                    "/v1/tasks",
+                    json!({"action": "redrive", "filter": filter, "dry_run": true}),
+                )
+                .await);
+            d["total"].as_u64().unwrap()
+        }
+    };
+    assert_eq!(
+        dry(json!({"state": "dead", "finished_since": "1h"})).await,
+        6
+    );
+    assert_eq!(
+        dry(json!({"state": "dead", "finished_until": "1h"})).await,
+        0
+    );
+    assert_eq!(dry(json!({"queue": "bulk", "since": "12h"})).await, 6);
+    assert_eq!(dry(json!({"queue": "bulk", "until": "12h"})).await, 0);
+    let filter = json!({"queue": "bulk", "finished_since": "10m",
+                        "fingerprint": "permanent: order <n> not found"});
+    let (st, t) = s
+        .post("/v1/tasks", json!({"action": "redrive", "filter": filter}))
+        .await;
+    assert_eq!(st, 201, "{t}");
+    assert_eq!(t["filter"], filter, "shown as given");
+    assert_eq!(t["total"], 6, "{t}");
+    let done = task_until(&s, t["id"].as_str().unwrap(), |t| t["state"] == "done").await;
+    assert_eq!(
+        (done["done"].as_u64(), done["failed"].as_u64()),
+        (Some(6), Some(0)),
+        "{done}"
+    );
+    assert_eq!(crate::harness::count(&s.counts("bulk").await, "ready"), 6);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn pause_resume_and_cancel() {
     let s = TestServer::fast(ONE_SHOT).await;
@@ -275,6 +322,18 @@ async fn redrive_task_stops_by_itself_when_its_messages_keep_failing() {
         "{stopped}"
     );
     assert!(stopped["done"].as_u64().unwrap() < 300, "{stopped}");
+    // Regression, issue 15: the reason says which count is which ("22 done, 0 failed"
+    // beside "20 failed again" read as a contradiction).
+    let reason = stopped["stop_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("stopped by its stop rule: ")
+            && reason.contains("redriven messages whose outcome is known failed again")
+            && reason.contains(&format!(
+                "{} of 300 redriven before it stopped, {} refused",
+                stopped["done"], stopped["failed"]
+            )),
+        "{reason}"
+    );
     let log = audit_actions(&s).await;
     assert!(log.iter().any(|e| e["action"] == "task.stopped"), "{log:?}");
     s.stop().await;
@@ -308,6 +367,16 @@ async fn bad_task_requests_name_the_problem_and_create_nothing() {
             json!({"action": "redrive", "filter": {"since": "yesterday"}}),
             "invalid_timestamp",
             "filter.since",
+        ),
+        (
+            json!({"action": "redrive", "filter": {"finished_since": "soon"}}),
+            "invalid_timestamp",
+            "filter.finished_since",
+        ),
+        (
+            json!({"action": "redrive", "filter": {"until": "1h 30m"}}),
+            "invalid_timestamp",
+            "filter.until",
         ),
         (
             json!({"action": "redrive", "filter": {"queue": "bulk"}, "rate": "fast"}),

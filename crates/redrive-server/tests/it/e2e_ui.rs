@@ -534,6 +534,12 @@ async fn an_admin_edits_kills_deletes_and_runs_a_group_task() {
         let t = c.html(&task_path).await;
         if t.contains("badge st-done") {
             assert!(t.contains("<b id=\"task-progress\">5 of 5</b>"), "{t}");
+            // Each count says what it counts (issue 15).
+            assert!(
+                t.contains("id=\"task-done\">5 redriven</span>, <span class=\"failed\" id=\"task-refused\">0 refused</span>"),
+                "{t}"
+            );
+            assert!(t.contains("the stop rule watches those"), "{t}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "task not done: {t}");
@@ -543,6 +549,108 @@ async fn an_admin_edits_kills_deletes_and_runs_a_group_task() {
         s.counts("orders").await["dead"],
         1,
         "only the other group is left"
+    );
+    s.stop().await;
+}
+
+/// Regression, issue 15 (SPEC §12 "triage by time and by group"): the search filters on when
+/// a message finished and takes relative times, every time says UTC, a row shows an escaped
+/// and bounded payload snippet, and a failure group links to the list of all its messages.
+#[tokio::test]
+async fn the_console_triages_by_time_and_by_group() {
+    let s = TestServer::fast("").await;
+    let long = "x".repeat(500);
+    for i in 0..7 {
+        dead(
+            &s,
+            "orders",
+            json!({"a_note": "<b>bold</b>", "long": long, "order": i}),
+            &format!("HTTP 503 from payments (order {i})"),
+        )
+        .await;
+    }
+    dead(
+        &s,
+        "orders",
+        json!({"order": 99}),
+        "HTTP 500 from payments (order 99)",
+    )
+    .await;
+    s.publish_payload("orders", json!({"order": "live"})).await;
+    let c = Console::new(&s);
+
+    let found = c
+        .html("/ui/messages?queue=orders&state=&finished_since=1h&finished_until=&fingerprint=")
+        .await;
+    assert!(
+        found.contains("<b class=\"total\">8 messages</b>"),
+        "{found}"
+    );
+    assert!(
+        found.contains("name=\"finished_since\" value=\"1h\""),
+        "{found}"
+    );
+    // The snippet: escaped, cut.
+    assert!(!found.contains("<b>bold</b>"), "{found}");
+    assert!(found.contains("&lt;b&gt;bold&lt;/b&gt;"), "{found}");
+    let snippets: Vec<String> = regex::Regex::new(r#"<td class="mono snippet">([^<]*)</td>"#)
+        .unwrap()
+        .captures_iter(&found)
+        .map(|c| c[1].to_owned())
+        .collect();
+    assert_eq!(snippets.len(), 8, "a snippet per row: {found}");
+    assert_eq!(
+        snippets[0], "{&quot;order&quot;:99}",
+        "a short payload whole"
+    );
+    let long = &snippets[1];
+    assert!(
+        long.starts_with("{&quot;a_note&quot;:&quot;&lt;b&gt;") && long.ends_with('…'),
+        "{long}"
+    );
+    assert!(long.chars().count() < 140, "bounded: {long}");
+    // Every time is labelled UTC.
+    let times = regex::Regex::new(r"<time [^>]*>([^<]*)</time>").unwrap();
+    let shown: Vec<String> = times
+        .captures_iter(&found)
+        .map(|c| c[1].to_owned())
+        .collect();
+    assert!(
+        !shown.is_empty() && shown.iter().all(|t| t.ends_with(" UTC")),
+        "{shown:?}"
+    );
+    assert!(found.contains("Finished since (UTC)"), "{found}");
+    let none = c.html("/ui/messages?finished_until=1h").await;
+    assert!(none.contains("<b class=\"total\">0 messages</b>"), "{none}");
+    let (st, _, bad) = c.get("/ui/messages?finished_since=soon").await;
+    assert_eq!(st, 400);
+    assert!(bad.contains("finished_since"), "{bad}");
+
+    // The group links to all of its messages.
+    let groups = c.html("/ui/groups").await;
+    let link = regex::Regex::new(
+        r#"<a class="all" href="(/ui/messages\?state=dead&amp;fingerprint=[^"]*)">all 7 →</a>"#,
+    )
+    .unwrap()
+    .captures(&groups)
+    .unwrap_or_else(|| panic!("no link to the group's messages: {groups}"))[1]
+        .replace("&amp;", "&");
+    assert!(link.contains("HTTP%20503"), "{link}");
+    assert!(
+        groups.contains("all 1 →"),
+        "the 500s are their own group: {groups}"
+    );
+    let all = c.html(&link).await;
+    assert!(all.contains("<b class=\"total\">7 messages</b>"), "{all}");
+    assert!(
+        all.contains(
+            "name=\"fingerprint\" value=\"permanent: HTTP 503 from payments (order &lt;n&gt;)\""
+        ),
+        "{all}"
+    );
+    assert!(
+        all.contains("/ui/tasks/new?state=dead&amp;fingerprint="),
+        "a bulk action over the group: {all}"
     );
     s.stop().await;
 }

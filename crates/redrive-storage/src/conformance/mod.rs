@@ -257,6 +257,9 @@ macro_rules! conformance_tests {
             ],
             search: [
                 search_filters,
+                search_by_finished_time,
+                search_by_fingerprint,
+                search_by_fingerprint_pages,
                 search_pages_newest_first,
                 search_rejects_invalid_cursor,
                 queue_stats_counts_per_state,

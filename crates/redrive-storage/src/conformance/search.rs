@@ -2,6 +2,7 @@
 
 use super::helpers::*;
 use super::*;
+use redrive_core::fingerprint;
 
 pub async fn search_filters<S: Store>(s: Arc<S>) {
     let a = publish(
@@ -182,6 +183,301 @@ pub async fn search_filters<S: Store>(s: Arc<S>) {
         let (desc, got) = find(filter).await;
         assert_eq!(got, want, "search {desc}");
     }
+}
+
+/// `finished_since` / `finished_until` select by when a message became done or dead
+/// (`finished_at`): since inclusive, until exclusive; a message that is not finished (ready,
+/// scheduled, or redriven since it died) never matches.
+pub async fn search_by_finished_time<S: Store>(s: Arc<S>) {
+    let a = publish(&*s, msg("fa", json!("acked at 500")), at(0)).await;
+    let c = publish(&*s, msg("fc", json!("dead at 2000")), at(0)).await;
+    let d = publish(&*s, msg("fd", json!("ready")), at(0)).await;
+    let e = publish(&*s, msg("fe", json!("dead at 3000, redriven")), at(0)).await;
+    let f = publish(&*s, msg("ff", json!("killed at 4000")), at(0)).await;
+    let l = lease_one(&*s, "fa", a.id, 30_000, at(100)).await;
+    ack(&*s, a.id, &l.token, at(500)).await.expect("ack");
+    let b = publish(
+        &*s,
+        NewMessage {
+            failed: Some(failure(ErrorClass::Permanent, "dead on arrival")),
+            ..msg("fb", json!("dead at 1000"))
+        },
+        at(1_000),
+    )
+    .await;
+    assert_eq!(b.state, State::Dead);
+    lease_and_nack(
+        &*s,
+        "fc",
+        c.id,
+        failure(ErrorClass::Permanent, "x"),
+        at(2_000),
+    )
+    .await;
+    lease_and_nack(
+        &*s,
+        "fe",
+        e.id,
+        failure(ErrorClass::Permanent, "x"),
+        at(3_000),
+    )
+    .await;
+    s.redrive(e.id, at(3_500)).await.expect("redrive");
+    s.kill(f.id, Some("by hand".into()), at(4_000))
+        .await
+        .expect("kill");
+    for (m, want) in [
+        (a.id, Some(at(500))),
+        (b.id, Some(at(1_000))),
+        (c.id, Some(at(2_000))),
+        (d.id, None),
+        (e.id, None),
+        (f.id, Some(at(4_000))),
+    ] {
+        assert_eq!(get(&*s, m).await.finished_at, want, "finished_at of {m}");
+    }
+    let cases: Vec<(MessageFilter, Vec<MessageId>)> = vec![
+        (
+            MessageFilter {
+                finished_since: Some(at(0)),
+                ..Default::default()
+            },
+            vec![b.id, f.id, c.id, a.id],
+        ),
+        (
+            MessageFilter {
+                finished_since: Some(at(1_000)),
+                ..Default::default()
+            },
+            vec![b.id, f.id, c.id],
+        ),
+        (
+            MessageFilter {
+                finished_until: Some(at(2_000)),
+                ..Default::default()
+            },
+            vec![b.id, a.id],
+        ),
+        (
+            MessageFilter {
+                finished_since: Some(at(1_000)),
+                finished_until: Some(at(4_000)),
+                ..Default::default()
+            },
+            vec![b.id, c.id],
+        ),
+        (
+            MessageFilter {
+                state: Some(State::Dead),
+                finished_since: Some(at(1_500)),
+                ..Default::default()
+            },
+            vec![f.id, c.id],
+        ),
+        (
+            // Created before 500 and finished at or after 1,000: b was created at 1,000.
+            MessageFilter {
+                until: Some(at(500)),
+                finished_since: Some(at(1_000)),
+                ..Default::default()
+            },
+            vec![f.id, c.id],
+        ),
+        (
+            MessageFilter {
+                finished_since: Some(at(4_001)),
+                ..Default::default()
+            },
+            vec![],
+        ),
+    ];
+    for (filter, want) in cases {
+        let desc = format!("{filter:?}");
+        let page = s.search(filter.clone(), 100, None).await.expect("search");
+        assert_eq!(msg_ids(&page.messages), want, "search {desc}");
+        assert_eq!(
+            s.count(filter).await.expect("count"),
+            want.len() as u64,
+            "count {desc}"
+        );
+    }
+}
+
+/// `fingerprint` selects exactly the messages whose [`fingerprint::of_message`] it is
+/// (the failure groups' own function): dead or not, with a last error or only a dead reason.
+/// Statuses and SQLSTATEs split groups; ids do not.
+pub async fn search_by_fingerprint<S: Store>(s: Arc<S>) {
+    let dead = |text: &'static str| NewMessage {
+        failed: Some(failure(ErrorClass::Permanent, text)),
+        ..msg(Q, json!({ "text": text }))
+    };
+    let o1 = publish(&*s, dead("order 1 not found"), at(0)).await;
+    let o2 = publish(&*s, dead("order 22 not found"), at(1)).await;
+    let h503 = publish(&*s, dead("HTTP 503 from payments (req 0x9f)"), at(2)).await;
+    let h503b = publish(&*s, dead("HTTP 503 from payments (req 0x11)"), at(3)).await;
+    let h500 = publish(&*s, dead("HTTP 500 from payments (req 0x9f)"), at(4)).await;
+    let deadlock = publish(
+        &*s,
+        dead("SQLSTATE[40001]: Serialization failure: 1213 Deadlock"),
+        at(5),
+    )
+    .await;
+    let constraint = publish(
+        &*s,
+        dead("SQLSTATE[23000]: Serialization failure: 1213 Deadlock"),
+        at(6),
+    )
+    .await;
+    let retrying = publish(
+        &*s,
+        NewMessage {
+            failed: Some(failure(ErrorClass::Transient, "order 3 not found")),
+            ..msg(OTHER, json!("transient"))
+        },
+        at(7),
+    )
+    .await;
+    assert_eq!(retrying.state, State::Scheduled);
+    let killed = publish(&*s, msg(OTHER, json!("killed")), at(8)).await;
+    s.kill(killed.id, None, at(9)).await.expect("kill");
+    let fresh = publish(&*s, msg(OTHER, json!("never failed")), at(10)).await;
+
+    let all = s
+        .search(MessageFilter::default(), 100, None)
+        .await
+        .expect("search all");
+    assert_eq!(all.messages.len(), 10);
+    // The store's filter and the core's function agree on every message.
+    for m in &all.messages {
+        let (fp, _) = fingerprint::of_message(m);
+        let want: Vec<MessageId> = all
+            .messages
+            .iter()
+            .filter(|o| fingerprint::of_message(o).0 == fp)
+            .map(|o| o.id)
+            .collect();
+        let f = MessageFilter {
+            fingerprint: Some(fp.clone()),
+            ..Default::default()
+        };
+        let page = s.search(f.clone(), 100, None).await.expect("search");
+        assert_eq!(msg_ids(&page.messages), want, "fingerprint {fp:?}");
+        assert_eq!(
+            s.count(f).await.expect("count"),
+            want.len() as u64,
+            "count {fp:?}"
+        );
+    }
+    let find = |fp: &str, state: Option<State>| {
+        let s = s.clone();
+        let f = MessageFilter {
+            fingerprint: Some(fp.to_owned()),
+            state,
+            ..Default::default()
+        };
+        async move { msg_ids(&s.search(f, 100, None).await.expect("search").messages) }
+    };
+    assert_eq!(
+        find("permanent: order <n> not found", None).await,
+        vec![o2.id, o1.id]
+    );
+    assert_eq!(
+        find("permanent: HTTP 503 from payments (req <hex>)", None).await,
+        vec![h503b.id, h503.id]
+    );
+    assert_eq!(
+        find("permanent: HTTP 500 from payments (req <hex>)", None).await,
+        vec![h500.id]
+    );
+    assert_eq!(
+        find(
+            "permanent: SQLSTATE[40001]: Serialization failure: <n> Deadlock",
+            None
+        )
+        .await,
+        vec![deadlock.id]
+    );
+    assert_eq!(
+        find(
+            "permanent: SQLSTATE[23000]: Serialization failure: <n> Deadlock",
+            None
+        )
+        .await,
+        vec![constraint.id]
+    );
+    assert_eq!(
+        find("transient: order <n> not found", None).await,
+        vec![retrying.id],
+        "a scheduled message has the fingerprint of its last error"
+    );
+    assert_eq!(
+        find("transient: order <n> not found", Some(State::Dead)).await,
+        vec![]
+    );
+    assert_eq!(find("killed", None).await, vec![killed.id]);
+    assert_eq!(find("unknown", None).await, vec![fresh.id]);
+    assert_eq!(
+        find("permanent: order", None).await,
+        vec![],
+        "exact, not a prefix"
+    );
+    assert_eq!(find("", None).await, vec![]);
+}
+
+/// A fingerprint that matches few rows pages like any filter: full pages (not pages of the
+/// rows read), a cursor after the last match, no duplicate, no gap, newest first.
+pub async fn search_by_fingerprint_pages<S: Store>(s: Arc<S>) {
+    let mut want = Vec::new();
+    for i in 0..25i64 {
+        for k in 0..2 {
+            publish(
+                &*s,
+                NewMessage {
+                    failed: Some(failure(ErrorClass::Permanent, &format!("noise {k} of {i}"))),
+                    ..msg(Q, json!({ "noise": i }))
+                },
+                at(i * 10 + k),
+            )
+            .await;
+        }
+        want.push(
+            publish(
+                &*s,
+                NewMessage {
+                    failed: Some(failure(
+                        ErrorClass::Permanent,
+                        &format!("order {i} not found"),
+                    )),
+                    ..msg(Q, json!({ "order": i }))
+                },
+                at(i * 10 + 5),
+            )
+            .await
+            .id,
+        );
+    }
+    want.reverse();
+    let filter = MessageFilter {
+        fingerprint: Some("permanent: order <n> not found".into()),
+        state: Some(State::Dead),
+        ..Default::default()
+    };
+    assert_eq!(s.count(filter.clone()).await.expect("count"), 25);
+    let mut got = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s.search(filter.clone(), 10, cursor).await.expect("search");
+        sizes.push(page.messages.len());
+        got.extend(msg_ids(&page.messages));
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+        assert!(sizes.len() < 10, "pagination does not end: {sizes:?}");
+    }
+    assert_eq!(sizes, vec![10, 10, 5], "pages of matches");
+    assert_eq!(got, want, "every match once, newest first");
 }
 
 pub async fn search_pages_newest_first<S: Store>(s: Arc<S>) {

@@ -161,6 +161,7 @@ fn open_connection(
     ))
     .db()?;
     conn.set_prepared_statement_cache_capacity(64);
+    reads::register_functions(&conn)?;
     Ok(conn)
 }
 

@@ -6,7 +6,8 @@ use super::sql_error::SqlResultExt;
 use super::transitions::Counts;
 use super::SqliteOptions;
 use crate::{MessageFilter, Page, QueueStats, StoreError};
-use redrive_core::{Message, MessageId, State, Timestamp};
+use redrive_core::{fingerprint, DeadReason, ErrorClass, Message, MessageId, State, Timestamp};
+use rusqlite::functions::FunctionFlags;
 use rusqlite::types::Value;
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
 use std::path::PathBuf;
@@ -49,6 +50,39 @@ impl ReaderPool {
         }
         r
     }
+}
+
+/// The SQL function `redrive_fingerprint(class, message, dead_reason)`: the failure
+/// fingerprint of a row ([`fingerprint::of_parts`], the very function failure groups, alerts
+/// and tasks use on a [`Message`]), so a search can filter on it in its `WHERE` with the
+/// `LIMIT` and cursor of any other filter. `NULL` for a class no failure has.
+pub const FINGERPRINT_FN: &str = "redrive_fingerprint";
+
+/// Register the store's SQL functions on a connection (every connection: readers search,
+/// and the writer may). Deterministic, so SQLite may evaluate it once per row.
+pub fn register_functions(conn: &Connection) -> Result<(), StoreError> {
+    conn.create_scalar_function(
+        FINGERPRINT_FN,
+        3,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let class = ctx.get_raw(0).as_str_or_null()?;
+            let message = ctx.get_raw(1).as_str_or_null()?;
+            let reason = ctx.get_raw(2).as_str_or_null()?;
+            let last_error = match class {
+                None => None,
+                Some(c) => match ErrorClass::parse(c) {
+                    Some(c) => Some((c, message)),
+                    None => return Ok(None),
+                },
+            };
+            Ok(Some(fingerprint::of_parts(
+                last_error,
+                reason.and_then(DeadReason::parse),
+            )))
+        },
+    )
+    .db()
 }
 
 /// Count messages per queue and state (at open; afterwards the writer keeps counts).
@@ -162,6 +196,22 @@ fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
     if let Some(u) = filter.until {
         clauses.push("created_at < ?");
         args.push(Value::Integer(u.as_millis()));
+    }
+    if let Some(s) = filter.finished_since {
+        clauses.push("finished_at >= ?");
+        args.push(Value::Integer(s.as_millis()));
+    }
+    if let Some(u) = filter.finished_until {
+        clauses.push("finished_at < ?");
+        args.push(Value::Integer(u.as_millis()));
+    }
+    // Last, after the cheap comparisons: the fingerprint is JSON and text work per row.
+    if let Some(f) = &filter.fingerprint {
+        clauses.push(
+            "redrive_fingerprint(json_extract(last_error, '$.class'), \
+             json_extract(last_error, '$.message'), dead_reason) = ?",
+        );
+        args.push(Value::Text(f.clone()));
     }
     (clauses.into_iter().map(str::to_owned).collect(), args)
 }

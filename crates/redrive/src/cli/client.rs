@@ -180,6 +180,9 @@ pub fn filter_of(f: &Filters) -> anyhow::Result<Filter> {
         q: f.q.clone(),
         since: time("--since", &f.since)?,
         until: time("--until", &f.until)?,
+        finished_since: time("--finished-since", &f.finished_since)?,
+        finished_until: time("--finished-until", &f.finished_until)?,
+        fingerprint: f.fingerprint.clone(),
     })
 }
 
@@ -192,6 +195,7 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
         Command::Queues(args) => queues(&api, &args).await,
         Command::Tasks { command } => super::tasks::run(&api, command).await,
         Command::Audit(args) => super::tasks::audit(&api, &args).await,
+        Command::Groups(args) => super::groups::run(&api, &args).await,
         Command::Serve(_) | Command::Policy { .. } | Command::Bench(_) => {
             anyhow::bail!("internal: not a client command")
         }
@@ -214,7 +218,9 @@ async fn messages(api: &Client, command: MessagesCommand) -> anyhow::Result<()> 
         MessagesCommand::List(args) => list(api, &args).await,
         MessagesCommand::Export(args) => export(api, &args).await,
         MessagesCommand::Show { id } => {
-            print_json(&api.get(&id).await.map_err(cli_error)?);
+            let m = api.get(&id).await.map_err(cli_error)?;
+            print_json(&m);
+            eprintln!("{}", summary(&m));
             Ok(())
         }
         MessagesCommand::Redrive { id } => {
@@ -224,6 +230,7 @@ async fn messages(api: &Client, command: MessagesCommand) -> anyhow::Result<()> 
         MessagesCommand::Kill { id, reason } => {
             let killed = api.kill(&id, reason.as_deref()).await.map_err(cli_error)?;
             print_json(&killed);
+            eprintln!("{}", summary(&killed));
             Ok(())
         }
         MessagesCommand::Delete { id } => {
@@ -231,6 +238,54 @@ async fn messages(api: &Client, command: MessagesCommand) -> anyhow::Result<()> 
             Ok(())
         }
     }
+}
+
+/// A time as the CLI prints it for people: `2026-01-31 12:00:00 UTC` (JSON keeps RFC 3339).
+pub fn utc(t: Timestamp) -> String {
+    let full = t.to_rfc3339();
+    match full.get(..19) {
+        Some(s) => format!("{} UTC", s.replace('T', " ")),
+        None => full,
+    }
+}
+
+/// One line on what a message's state means, printed on stderr after its JSON by `messages
+/// show` and `messages kill`: a dead message says why, and a killed one the operator's
+/// reason from its history (issue 15: it was only in the history's JSON).
+pub fn summary(m: &redrive_core::Message) -> String {
+    use redrive_core::{DeadReason, HistoryEvent};
+    let mut line = format!("{} in {}", m.state.as_str(), m.queue);
+    if let Some(r) = m.dead_reason {
+        line.push_str(&format!(" ({})", r.as_str()));
+        if r == DeadReason::Killed {
+            let kill = m.history.iter().rev().find_map(|h| match &h.event {
+                HistoryEvent::Killed { reason } => Some((h.at, reason.clone())),
+                _ => None,
+            });
+            if let Some((at, reason)) = kill {
+                let reason = reason.map_or_else(
+                    || "no reason given".to_owned(),
+                    |r| format!("reason: {}", truncate(&r, 200)),
+                );
+                line.push_str(&format!(", killed at {}, {reason}", utc(at)));
+            }
+        }
+    }
+    line.push_str(&format!(
+        ", {} attempt{}",
+        m.attempts,
+        if m.attempts == 1 { "" } else { "s" }
+    ));
+    if let Some(e) = &m.last_error {
+        line.push_str(&format!("; last error {}", e.class.as_str()));
+        if let Some(msg) = e.message.as_deref().filter(|s| !s.is_empty()) {
+            line.push_str(&format!(": {}", truncate(msg, 200)));
+        }
+    }
+    if let Some(t) = m.finished_at {
+        line.push_str(&format!("; finished {}", utc(t)));
+    }
+    line
 }
 
 async fn list(api: &Client, args: &ListArgs) -> anyhow::Result<()> {
@@ -250,7 +305,8 @@ async fn list(api: &Client, args: &ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `messages list` table: id, queue, state, attempts, key, last error.
+/// The `messages list` table: id, queue, state, attempts, key, when it finished (done or
+/// dead, UTC), last error.
 pub fn messages_table(page: &SearchPage) -> Table {
     let mut t = Table::new(&[
         ("id", Align::Left),
@@ -258,6 +314,7 @@ pub fn messages_table(page: &SearchPage) -> Table {
         ("state", Align::Left),
         ("attempts", Align::Right),
         ("key", Align::Left),
+        ("finished (UTC)", Align::Left),
         ("last error", Align::Left),
     ]);
     for m in &page.messages {
@@ -279,6 +336,10 @@ pub fn messages_table(page: &SearchPage) -> Table {
             m.state.as_str().to_owned(),
             m.attempts.to_string(),
             m.key.clone().unwrap_or_else(|| "-".into()),
+            m.finished_at.map_or_else(
+                || "-".to_owned(),
+                |t| utc(t).trim_end_matches(" UTC").to_owned(),
+            ),
             last_error,
         ]);
     }
@@ -614,7 +675,7 @@ mod tests {
         let at = "2026-01-31T12:00:00.000Z";
         let answer: SearchPage = serde_json::from_value(json!({"messages": [
             {"id": "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f", "queue": "orders", "state": "dead", "attempts": 8, "key": "u1",
-             "payload": null, "headers": {}, "priority": 0, "created_at": at, "updated_at": at,
+             "payload": null, "headers": {}, "priority": 0, "created_at": at, "updated_at": at, "finished_at": at,
              "last_error": {"class": "transient", "message": "HTTP 503 from payments\nretry later", "at": at}},
             {"id": "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e70", "queue": "orders", "state": "ready", "attempts": 0,
              "payload": 1, "headers": {}, "priority": 0, "created_at": at, "updated_at": at}
@@ -623,9 +684,50 @@ mod tests {
         let text = messages_table(&answer).render();
         assert_eq!(
             text,
-            "id                                    queue   state  attempts  key  last error\n\
-             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f  orders  dead          8  u1   transient: HTTP 503 from payments retry later\n\
-             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e70  orders  ready         0  -    -\n"
+            "id                                    queue   state  attempts  key  finished (UTC)       last error\n\
+             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f  orders  dead          8  u1   2026-01-31 12:00:00  transient: HTTP 503 from payments retry later\n\
+             0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e70  orders  ready         0  -    -                    -\n"
+        );
+    }
+
+    /// Regression, issue 15: the CLI showed a killed message's reason only inside its
+    /// history's JSON.
+    #[test]
+    fn a_killed_messages_summary_has_its_kill_reason() {
+        let at = "2026-01-31T12:00:00.000Z";
+        let m: redrive_core::Message = serde_json::from_value(json!({
+            "id": "0190b5c2-7d1e-7c3a-9f00-1a2b3c4d5e6f", "queue": "orders", "state": "dead",
+            "attempts": 2, "payload": 1, "headers": {}, "priority": 0, "created_at": at,
+            "updated_at": at, "finished_at": at, "dead_reason": "killed",
+            "last_error": {"class": "transient", "message": "HTTP 503", "at": at},
+            "history": [
+                {"attempt": 2, "at": at, "event": "failed", "error": {"class": "transient", "message": "HTTP 503", "at": at}},
+                {"attempt": 2, "at": "2026-01-31T12:05:00.000Z", "event": "killed", "reason": "duplicate order, refunded by hand"}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(
+            summary(&m),
+            "dead in orders (killed), killed at 2026-01-31 12:05:00 UTC, reason: duplicate order, \
+             refunded by hand, 2 attempts; last error transient: HTTP 503; finished 2026-01-31 12:00:00 UTC"
+        );
+        let mut silent = m.clone();
+        silent.history.pop();
+        silent.history.push(redrive_core::HistoryEntry {
+            attempt: 2,
+            at: redrive_core::Timestamp::parse(at).unwrap(),
+            leased_at: None,
+            event: redrive_core::HistoryEvent::Killed { reason: None },
+            response: None,
+        });
+        assert!(summary(&silent).contains("killed at 2026-01-31 12:00:00 UTC, no reason given"));
+        let mut ready = m;
+        ready.state = State::Ready;
+        ready.dead_reason = None;
+        ready.finished_at = None;
+        assert_eq!(
+            summary(&ready),
+            "ready in orders, 2 attempts; last error transient: HTTP 503"
         );
     }
 

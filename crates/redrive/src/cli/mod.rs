@@ -1,6 +1,7 @@
 //! The commands of the binary, and how a failure becomes an exit code.
 
 pub mod client;
+pub mod groups;
 pub mod output;
 pub mod policy;
 pub mod serve;

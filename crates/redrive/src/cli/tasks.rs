@@ -1,7 +1,7 @@
 //! `redrive tasks …` and `redrive audit`: bulk actions as durable tasks (SPEC §12), with a
 //! progress bar while one runs, and the audit log.
 
-use super::client::{cli_error, filter_of};
+use super::client::{cli_error, filter_of, utc};
 use super::output::{emit, print_json, truncate, Align, Table};
 use super::usage;
 use crate::{AuditArgs, TaskCreateArgs, TasksCommand};
@@ -36,6 +36,7 @@ pub async fn run(api: &Client, command: TasksCommand) -> anyhow::Result<()> {
                 api.task(&id).await.map_err(cli_error)?
             };
             print_json(&t);
+            eprintln!("{}", counts_in_words(&t));
             Ok(())
         }
         TasksCommand::Pause { id } => act(api, &id, "pause").await,
@@ -51,18 +52,16 @@ async fn act(api: &Client, id: &str, verb: &str) -> anyhow::Result<()> {
 
 /// The body of `tasks create`.
 pub fn request_of(args: &TaskCreateArgs) -> anyhow::Result<TaskRequest> {
-    let mut filter: std::collections::BTreeMap<String, String> = filter_of(&args.filters)?
+    let filter: std::collections::BTreeMap<String, String> = filter_of(&args.filters)?
         .query()
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-    if let Some(f) = &args.fingerprint {
-        filter.insert("fingerprint".into(), f.clone());
-    }
     if filter.is_empty() {
         return Err(usage(
             "give at least one filter (--queue, --state, --key, --error-class, --q, --since, \
-             --until, --fingerprint): a task over every message is refused",
+             --until, --finished-since, --finished-until, --fingerprint): a task over every \
+             message is refused",
         ));
     }
     if args.dry_run && args.wait {
@@ -125,16 +124,55 @@ async fn follow(api: &Client, id: &str) -> anyhow::Result<Task> {
             if tty {
                 let _ = writeln!(err);
             }
-            if let Some(r) = &t.stop_reason {
-                let _ = writeln!(err, "{}: {r}", t.state);
-            }
+            let _ = writeln!(err, "{}", counts_in_words(&t));
             return Ok(t);
         }
         tokio::time::sleep(POLL).await;
     }
 }
 
-/// `[#########.....]  4,500/10,000  45%  failed 3  running  1,210/s`
+/// What a task's action did to a message, in the past tense (`redriven`).
+fn acted(action: &str) -> &'static str {
+    match action {
+        "redrive" => "redriven",
+        "kill" => "killed",
+        "delete" => "deleted",
+        _ => "acted on",
+    }
+}
+
+/// A task's counts said with what they mean (issue 15: a stopped redrive read "22 done, 0
+/// failed" beside "20 failed again"): `22 of 30 redriven, 0 refused (no longer in a state a
+/// redrive applies to, or gone)`, then a stopped task's reason, which has the stop rule's
+/// figures.
+pub fn counts_in_words(t: &Task) -> String {
+    let mut s = format!(
+        "{}: {} of {} {}, {} refused (no longer in a state a {} applies to, or gone)",
+        t.state,
+        t.done,
+        t.total,
+        acted(&t.action),
+        t.failed,
+        t.action
+    );
+    if let Some(ratio) = t.stop_failure_ratio {
+        s.push_str(&format!(
+            "; the stop rule watches the redriven ones: it stops the task when more than {:.0} % \
+             of the last 100 whose outcome is known failed again",
+            ratio * 100.0
+        ));
+    }
+    if let Some(r) = &t.stop_reason {
+        s.push_str(&format!(
+            "
+{}: {r}",
+            t.state
+        ));
+    }
+    s
+}
+
+/// `[#########.....] 4500/10000  45%  4000 redriven  500 refused  running  1210/s`
 pub fn progress_line(t: &Task, elapsed: Duration) -> String {
     let handled = t.done + t.failed;
     let share = if t.total == 0 {
@@ -145,12 +183,14 @@ pub fn progress_line(t: &Task, elapsed: Duration) -> String {
     let filled = (share * BAR as f64).round() as usize;
     let rate = handled as f64 / elapsed.as_secs_f64().max(0.001);
     format!(
-        "[{}{}] {}/{} {:>3.0}%  failed {}  {}  {:.0}/s",
+        "[{}{}] {}/{} {:>3.0}%  {} {}  {} refused  {}  {:.0}/s",
         "#".repeat(filled),
         ".".repeat(BAR - filled),
         handled,
         t.total,
         share * 100.0,
+        t.done,
+        acted(&t.action),
         t.failed,
         t.state,
         rate
@@ -163,11 +203,11 @@ pub fn tasks_table(tasks: &[Task]) -> Table {
         ("id", Align::Left),
         ("action", Align::Left),
         ("state", Align::Left),
-        ("done", Align::Right),
-        ("failed", Align::Right),
+        ("acted on", Align::Right),
+        ("refused", Align::Right),
         ("total", Align::Right),
         ("by", Align::Left),
-        ("created", Align::Left),
+        ("created (UTC)", Align::Left),
         ("filter", Align::Left),
     ]);
     for t in tasks {
@@ -179,7 +219,7 @@ pub fn tasks_table(tasks: &[Task]) -> Table {
             t.failed.to_string(),
             t.total.to_string(),
             t.created_by.clone(),
-            t.created_at.to_string(),
+            utc(t.created_at).trim_end_matches(" UTC").to_owned(),
             truncate(&t.filter.to_string(), 60),
         ]);
     }
@@ -200,7 +240,7 @@ pub async fn audit(api: &Client, args: &AuditArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut table = Table::new(&[
-        ("at", Align::Left),
+        ("at (UTC)", Align::Left),
         ("who", Align::Left),
         ("action", Align::Left),
         ("target", Align::Left),
@@ -209,7 +249,7 @@ pub async fn audit(api: &Client, args: &AuditArgs) -> anyhow::Result<()> {
     ]);
     for e in &page.entries {
         table.push(vec![
-            e.at.to_string(),
+            utc(e.at).trim_end_matches(" UTC").to_owned(),
             e.actor.clone(),
             e.action.clone(),
             e.target.clone().unwrap_or_default(),
@@ -243,6 +283,7 @@ mod tests {
             created_at: redrive_core::Timestamp::from_millis(0),
             updated_at: redrive_core::Timestamp::from_millis(0),
             stop_reason: None,
+            stop_failure_ratio: Some(0.5),
         }
     }
 
@@ -254,9 +295,46 @@ mod tests {
             "{l}"
         );
         assert!(l.contains("4500/9000  50%"), "{l}");
-        assert!(l.contains("failed 500  running  1500/s"), "{l}");
+        assert!(
+            l.contains("4000 redriven  500 refused  running  1500/s"),
+            "{l}"
+        );
         let empty = progress_line(&task(0, 0, 0, "done"), Duration::from_secs(1));
         assert!(empty.contains("100%"), "{empty}");
+    }
+
+    /// Regression, issue 15: a stopped redrive read "22 done, 0 failed" beside "20 failed
+    /// again"; each count now says what it counts.
+    #[test]
+    fn a_stopped_tasks_counts_say_what_they_mean() {
+        let mut t = task(22, 0, 30, "stopped");
+        t.stop_reason = Some(
+            "stopped by its stop rule: 20 of the last 22 redriven messages whose outcome is \
+             known failed again (more than 50 %; …)"
+                .into(),
+        );
+        let w = counts_in_words(&t);
+        assert!(
+            w.starts_with(
+                "stopped: 22 of 30 redriven, 0 refused (no longer in a state a redrive applies to, or gone)"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("more than 50 % of the last 100"), "{w}");
+        assert!(
+            w.contains("\nstopped: stopped by its stop rule: 20 of the last 22"),
+            "{w}"
+        );
+        let l = progress_line(&t, Duration::from_secs(1));
+        assert!(l.contains("22 redriven  0 refused  stopped"), "{l}");
+        assert!(!l.contains("failed"), "{l}");
+        let mut k = task(3, 1, 4, "done");
+        k.action = "kill".into();
+        k.stop_failure_ratio = None;
+        assert_eq!(
+            counts_in_words(&k),
+            "done: 3 of 4 killed, 1 refused (no longer in a state a kill applies to, or gone)"
+        );
     }
 
     fn create_args(argv: &[&str]) -> TaskCreateArgs {

@@ -100,7 +100,7 @@ pub async fn export(
             "limit: only for /v1/messages (an export has no pages)",
         ));
     }
-    let filter = filter_of(&q)?;
+    let filter = filter_of(&q, s.engine.clock().now())?;
     let csv = match q.format.as_deref().unwrap_or("csv") {
         "csv" => true,
         "jsonl" => false,

@@ -2,12 +2,13 @@
 //! the export ([`super::export`]).
 
 use super::error_class;
+use crate::api::contract::time_filter_in;
 use crate::api::limits::{fitting, message_bound_bytes, JsonArray};
-use crate::api::{queue_name, timestamp_field, ApiError, AppState, ErrorBody};
+use crate::api::{queue_name, ApiError, AppState, ErrorBody};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::response::Response;
-use redrive_core::{Message, State as MsgState};
+use redrive_core::{Message, State as MsgState, Timestamp};
 use redrive_storage::MessageFilter;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -35,10 +36,19 @@ pub struct SearchQuery {
     pub error_class: Option<String>,
     /// Text in the payload or in the last error message (case-insensitive for ASCII).
     pub q: Option<String>,
-    /// Created at or after (RFC 3339).
+    /// Created at or after: an RFC 3339 time, or a duration meaning that long ago (`12h`).
     pub since: Option<String>,
-    /// Created before (RFC 3339).
+    /// Created before: an RFC 3339 time, or a duration ago (`30m`).
     pub until: Option<String>,
+    /// Finished (became done or dead) at or after: an RFC 3339 time, or a duration ago. A
+    /// message not finished (not done nor dead, or redriven since) never matches.
+    pub finished_since: Option<String>,
+    /// Finished before: an RFC 3339 time, or a duration ago.
+    pub finished_until: Option<String>,
+    /// A failure group's fingerprint (`GET /v1/failure-groups`), exact: the messages whose
+    /// last error (or, without one, dead reason) has it. Computed for every row the other
+    /// filters select: narrow it with `state=dead` and `queue`.
+    pub fingerprint: Option<String>,
     /// Page size (default 100, at most 1000).
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
@@ -47,7 +57,9 @@ pub struct SearchQuery {
     pub format: Option<String>,
 }
 
-pub(crate) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
+/// The store's filter of `q`, every field checked (an error names it); relative times are
+/// counted back from `now`.
+pub(crate) fn filter_of(q: &SearchQuery, now: Timestamp) -> Result<MessageFilter, ApiError> {
     if let Some(queue) = &q.queue {
         queue_name(queue)?;
     }
@@ -64,6 +76,11 @@ pub(crate) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
         Some(c) => Some(error_class("error_class", c)?),
         None => None,
     };
+    let time = |field: &str, v: &Option<String>| {
+        v.as_deref()
+            .map(|t| time_filter_in(field, t, now))
+            .transpose()
+    };
     if let Some(c) = &q.cursor {
         let digits = c.bytes().all(|b| b.is_ascii_digit());
         if c.is_empty() || c.len() > 18 || !digits || c.starts_with('0') {
@@ -79,16 +96,11 @@ pub(crate) fn filter_of(q: &SearchQuery) -> Result<MessageFilter, ApiError> {
         key: q.key.clone(),
         error_class,
         text: q.q.clone().filter(|t| !t.is_empty()),
-        since: q
-            .since
-            .as_deref()
-            .map(|t| timestamp_field("since", t))
-            .transpose()?,
-        until: q
-            .until
-            .as_deref()
-            .map(|t| timestamp_field("until", t))
-            .transpose()?,
+        since: time("since", &q.since)?,
+        until: time("until", &q.until)?,
+        finished_since: time("finished_since", &q.finished_since)?,
+        finished_until: time("finished_until", &q.finished_until)?,
+        fingerprint: q.fingerprint.clone().filter(|f| !f.is_empty()),
     })
 }
 
@@ -125,7 +137,7 @@ pub async fn search(
             "format: only for /v1/messages/export",
         ));
     }
-    let filter = filter_of(&q)?;
+    let filter = filter_of(&q, s.engine.clock().now())?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError::bad_request(
