@@ -39,7 +39,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// Human message.
     pub message: String,
-    /// `lease_settled`: how ([`ErrorDetail::settled`]).
+    /// With `lease_settled` only: how (`acked`, `nacked`, `released`, `killed`), sent as
+    /// `settled` beside `code`.
     pub settled: Option<&'static str>,
 }
 
