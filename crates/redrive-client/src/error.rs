@@ -26,6 +26,9 @@ pub enum Error {
         code: String,
         /// The error's message, for people.
         message: String,
+        /// With `lease_settled` only: how the lease was settled (`acked`, `nacked`,
+        /// `released`, `killed`).
+        settled: Option<String>,
     },
     /// No connection could be made (refused, DNS, unreachable network). Is the server
     /// running at that address?
@@ -114,12 +117,15 @@ impl Error {
             code: String,
             #[serde(default)]
             message: Option<String>,
+            #[serde(default)]
+            settled: Option<String>,
         }
         if let Ok(Body { error }) = serde_json::from_slice::<Body>(body) {
             return Error::Api {
                 status: status.as_u16(),
                 code: error.code,
                 message: error.message.unwrap_or_default(),
+                settled: error.settled,
             };
         }
         let text = String::from_utf8_lossy(body);
@@ -133,6 +139,7 @@ impl Error {
             status: status.as_u16(),
             code: format!("http_{}", status.as_u16()),
             message,
+            settled: None,
         }
     }
 
@@ -195,6 +202,21 @@ mod tests {
         assert_eq!(e.status(), Some(404));
         assert_eq!(e.code(), Some("not_found"));
         assert!(!e.is_unreachable());
+    }
+
+    #[test]
+    fn a_settled_lease_says_how() {
+        let e = Error::from_answer(
+            StatusCode::CONFLICT,
+            br#"{"error":{"code":"lease_settled","message":"the lease was already settled: it was nacked","settled":"nacked"}}"#,
+        );
+        let Error::Api { code, settled, .. } = e else {
+            panic!("not an Api error")
+        };
+        assert_eq!(
+            (code.as_str(), settled.as_deref()),
+            ("lease_settled", Some("nacked"))
+        );
     }
 
     #[test]

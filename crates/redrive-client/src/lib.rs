@@ -380,6 +380,21 @@ impl Client {
         Ok(self.call(Method::POST, url, Some(&body)).await?.1)
     }
 
+    /// Hand the lease back unattempted (shutting down, a deploy): the message is ready
+    /// again (or scheduled after `delay`, e.g. `"10s"`), the attempt not charged, within
+    /// the queue's bound of uncharged releases (`max_rate_limited`; past it, a release
+    /// counts as a failed attempt). Answers the message.
+    pub async fn release(
+        &self,
+        id: &str,
+        lease: &str,
+        delay: Option<&str>,
+    ) -> Result<Message, Error> {
+        let url = self.url(&["v1", "messages", id, "release"], &[]);
+        let body = types::ReleaseBody { lease, delay };
+        Ok(self.call(Method::POST, url, Some(&body)).await?.1)
+    }
+
     /// Extend the lease: it then expires `by` (e.g. `"30s"`) from now.
     pub async fn extend(&self, id: &str, lease: &str, by: &str) -> Result<Extended, Error> {
         let url = self.url(&["v1", "messages", id, "extend"], &[]);

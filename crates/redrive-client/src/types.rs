@@ -97,10 +97,13 @@ pub struct LeaseRequest {
 pub struct LeasedMessage {
     /// Message id.
     pub id: MessageId,
-    /// The lease token to present to ack / nack / extend.
+    /// The lease token to present to ack / nack / release / extend.
     pub lease: String,
     /// This delivery's attempt number (1 = first).
     pub attempt: u32,
+    /// The attempt number of the last try: `attempt == max_attempts` means a failure of
+    /// this attempt that counts makes the message dead (see docs/CONSUMERS.md).
+    pub max_attempts: u32,
     /// The payload.
     pub payload: serde_json::Value,
     /// Headers.
@@ -166,6 +169,14 @@ pub(crate) struct NackBody<'a> {
     pub error: Option<&'a NackError>,
 }
 
+/// The body of a release.
+#[derive(Debug, Serialize)]
+pub(crate) struct ReleaseBody<'a> {
+    pub lease: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<&'a str>,
+}
+
 /// The body of an extension.
 #[derive(Debug, Serialize)]
 pub(crate) struct ExtendBody<'a> {
@@ -219,6 +230,10 @@ pub struct ErrorDetail {
     pub code: String,
     /// What went wrong, for people.
     pub message: String,
+    /// With `lease_settled` only: how the lease was settled (`acked`, `nacked`,
+    /// `released`, `killed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<String>,
 }
 
 /// One item's answer in a batch ack or nack.

@@ -79,6 +79,20 @@ impl Failure {
         self.class == ErrorClass::Permanent && self.code.as_deref() == Some(ENDPOINT_GONE)
     }
 
+    /// A consumer's release that counts (it released the message `bound` times uncharged
+    /// already: the queue's `max_rate_limited`): a transient failure coded `released`.
+    pub fn released_past_bound(bound: u32) -> Self {
+        Self {
+            class: ErrorClass::Transient,
+            message: Some(format!(
+                "released by its consumer after {bound} uncharged releases (max_rate_limited): \
+                 this release counts as a failed attempt"
+            )),
+            retry_after_ms: None,
+            code: Some("released".to_owned()),
+        }
+    }
+
     /// The failure redrive records when a lease runs out before an ack or nack.
     pub fn lease_expired() -> Self {
         Self {

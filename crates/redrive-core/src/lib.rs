@@ -46,7 +46,7 @@ pub use queue_name::{validate_queue_name, QueueNameError, MAX_QUEUE_NAME_BYTES};
 pub use queue_settings::{OnDead, Ordering, QueueCatalog, QueueSettings};
 pub use retry_policy::{
     Backoff, Decision, ExplainRow, FailureContext, Jitter, PolicyError, RetryPolicy,
-    RetryPolicyConfig, DEFAULT_MAX_RATE_LIMITED,
+    RetryPolicyConfig, DEFAULT_MAX_RATE_LIMITED, DEFAULT_MIN_RETRY_SPAN_MS,
 };
 pub use rng::{fnv1a, SplitMix64};
 pub use timestamp::{Timestamp, TimestampError};

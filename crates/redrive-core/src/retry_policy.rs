@@ -250,17 +250,28 @@ fn levels(list: &[&str]) -> Vec<u64> {
 }
 
 impl Default for RetryPolicy {
-    /// SPEC §3 defaults: 8 attempts, exponential from 1 s ×2, capped at 15 m, full
+    /// SPEC §3 defaults: 20 attempts, exponential from 1 s ×2, capped at 1 h, equal
     /// jitter, 7 d window, `retry_after` bounded at 1 h, rate limits not counted for
     /// the first [`DEFAULT_MAX_RATE_LIMITED`].
+    ///
+    /// **The default outlives an outage.** The 19 retries wait 1 s, 2 s, 4 s … 2048 s
+    /// (4095 s in all), then 7 × 1 h: 29,295 s ≈ 8 h 8 min without jitter. Equal jitter
+    /// draws each wait in `[d/2, d]`, so whatever it draws a message on this policy keeps
+    /// being retried for at least half that, 14,647.5 s ≈ 4 h 4 min
+    /// ([`DEFAULT_MIN_RETRY_SPAN_MS`], property-tested), and a database failover or a
+    /// partner's afternoon outage does not become dead letters. (Until issue 15 the
+    /// default was 8 attempts with full jitter, capped at 15 min: dead within 2 min 7 s at
+    /// most, as early as the first seconds when the jitter drew low.) Equal rather than
+    /// full jitter because full jitter can draw every wait near 0: it spreads retries
+    /// apart as well, but guarantees no span at all.
     fn default() -> Self {
         Self {
-            max_attempts: 8,
+            max_attempts: 20,
             backoff: Backoff::Exponential,
             initial_delay_ms: SECOND,
             multiplier: 2.0,
-            max_delay_ms: 15 * MINUTE,
-            jitter: Jitter::Full,
+            max_delay_ms: HOUR,
+            jitter: Jitter::Equal,
             max_age_ms: 7 * DAY,
             schedule_ms: Vec::new(),
             max_retry_after_ms: HOUR,
@@ -269,6 +280,11 @@ impl Default for RetryPolicy {
         }
     }
 }
+
+/// The shortest time from the first attempt to the last one under the default policy,
+/// whatever its jitter draws: at least 4 hours (half of the un-jittered 29,295 s, see
+/// [`RetryPolicy::default`]). SPEC §3: "the default outlives an outage".
+pub const DEFAULT_MIN_RETRY_SPAN_MS: u64 = 4 * HOUR;
 
 /// What the policy needs to know about the message whose attempt just failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -657,71 +673,75 @@ mod tests {
 
     #[test]
     fn explain_default_policy() {
-        // Exponential from 1 s ×2, full jitter: attempt n+1 waits 0..=2^(n-1) s.
+        // Exponential from 1 s ×2, capped at 1 h, equal jitter, 20 attempts: attempt n+1
+        // waits [d/2, d] with d = min(2^(n-1) s, 1 h).
         let p = RetryPolicy::default();
         let rows = p.explain();
-        assert_eq!(rows.len(), 7);
+        assert_eq!(rows.len(), 19);
         assert_eq!(
             rows[0],
             ExplainRow {
                 attempt: 2,
-                delay_min_ms: 0,
+                delay_min_ms: SECOND / 2,
                 delay_max_ms: SECOND,
-                cumulative_min_ms: 0,
+                cumulative_min_ms: SECOND / 2,
                 cumulative_max_ms: SECOND,
                 may_exceed_max_age: false,
             }
         );
-        assert_eq!(
-            (rows[1].attempt, rows[1].delay_min_ms, rows[1].delay_max_ms),
-            (3, 0, 2 * SECOND)
+        let maxima: Vec<u64> = rows.iter().map(|r| r.delay_max_ms).collect();
+        let want: Vec<u64> = (0..19).map(|i| (SECOND << i).min(HOUR)).collect();
+        assert_eq!(maxima, want);
+        assert_eq!(rows[10].delay_max_ms, 1024 * SECOND); // attempt 12
+        assert_eq!(rows[11].delay_max_ms, 2048 * SECOND); // attempt 13
+        assert_eq!(rows[12].delay_max_ms, HOUR); // attempt 14: 4096 s, capped
+        assert!(rows.iter().all(|r| r.delay_min_ms * 2 == r.delay_max_ms));
+        // 1 + 2 + … + 2048 s, then 7 hours: about 8 h without jitter, half with the
+        // lowest draws.
+        assert_eq!(rows[18].cumulative_max_ms, 4_095 * SECOND + 7 * HOUR);
+        assert_eq!(rows[18].cumulative_max_ms, 29_295 * SECOND);
+        assert_eq!(rows[18].cumulative_min_ms, 29_295 * SECOND / 2);
+        assert!(rows[18].cumulative_min_ms >= DEFAULT_MIN_RETRY_SPAN_MS);
+        assert!(rows.iter().all(|r| !r.may_exceed_max_age));
+    }
+
+    /// Issue 15: the old default (8 attempts, full jitter, cap 15 min) dead-lettered
+    /// everything in a five-minute outage — at most 2 min 7 s of retries, and as little as
+    /// nothing when the jitter drew low. The new one keeps retrying at least 4 h.
+    #[test]
+    fn default_policy_retries_for_at_least_four_hours() {
+        let rows = RetryPolicy::default().explain();
+        let last = rows.last().expect("the default retries");
+        assert!(
+            last.cumulative_min_ms >= 4 * HOUR,
+            "the default gives up after {} ms at the least",
+            last.cumulative_min_ms
         );
-        assert_eq!(
-            (rows[2].attempt, rows[2].delay_min_ms, rows[2].delay_max_ms),
-            (4, 0, 4 * SECOND)
-        );
+        assert!(last.cumulative_max_ms >= 8 * HOUR);
+    }
+
+    #[test]
+    fn explain_full_jitter_starts_at_zero() {
+        let p = RetryPolicy {
+            jitter: Jitter::Full,
+            max_attempts: 8,
+            max_delay_ms: 15 * MINUTE,
+            ..RetryPolicy::default()
+        };
+        let rows = p.explain();
+        assert_eq!(rows.len(), 7);
         let maxima: Vec<u64> = rows.iter().map(|r| r.delay_max_ms).collect();
         assert_eq!(maxima, [1, 2, 4, 8, 16, 32, 64].map(|s| s * SECOND));
         assert!(rows
             .iter()
             .all(|r| r.delay_min_ms == 0 && r.cumulative_min_ms == 0));
         assert_eq!(rows[6].cumulative_max_ms, 127 * SECOND);
-        assert!(rows.iter().all(|r| !r.may_exceed_max_age));
-    }
-
-    #[test]
-    fn explain_default_policy_caps_at_max_delay() {
-        // With more attempts the doubling reaches 1024 s at attempt 12 and is
-        // capped at 15 m from there on.
-        let p = RetryPolicy {
-            max_attempts: 20,
-            ..RetryPolicy::default()
-        };
-        let rows = p.explain();
-        assert_eq!(rows.len(), 19);
-        let mut cum = 0;
-        for (i, row) in rows.iter().enumerate() {
-            let want = (SECOND << i).min(15 * MINUTE);
-            cum += want;
-            assert_eq!(row.attempt, i as u32 + 2);
-            assert_eq!(
-                (row.delay_min_ms, row.delay_max_ms),
-                (0, want),
-                "attempt {}",
-                row.attempt
-            );
-            assert_eq!((row.cumulative_min_ms, row.cumulative_max_ms), (0, cum));
-        }
-        assert_eq!(rows[9].delay_max_ms, 512 * SECOND); // attempt 11
-        assert_eq!(rows[10].delay_max_ms, 15 * MINUTE); // attempt 12: 1024 s, capped
-        assert_eq!(rows[18].delay_max_ms, 15 * MINUTE); // attempt 20
     }
 
     #[test]
     fn explain_default_policy_without_jitter_is_exact() {
         let p = RetryPolicy {
             jitter: Jitter::None,
-            max_attempts: 14,
             ..RetryPolicy::default()
         };
         let delays: Vec<(u64, u64)> = p
@@ -729,8 +749,8 @@ mod tests {
             .iter()
             .map(|r| (r.delay_min_ms, r.delay_max_ms))
             .collect();
-        let want: Vec<(u64, u64)> = (0..13)
-            .map(|i| (SECOND << i).min(15 * MINUTE))
+        let want: Vec<(u64, u64)> = (0..19)
+            .map(|i| (SECOND << i).min(HOUR))
             .map(|d| (d, d))
             .collect();
         assert_eq!(delays, want);

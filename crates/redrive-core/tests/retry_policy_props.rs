@@ -15,14 +15,16 @@
 //!    and a bad key is named;
 //! 7. a `rate_limited` failure never waits less than the policy's floor for the
 //!    attempt (its un-jittered delay), whatever its `retry_after` (issue 5);
-//! 8. after `max_rate_limited` uncharged rate-limited attempts, they are charged.
+//! 8. after `max_rate_limited` uncharged rate-limited attempts, they are charged;
+//! 9. the default policy keeps retrying for at least 4 hours of transient failures,
+//!    whatever its jitter draws (SPEC §3, "the default outlives an outage").
 
 use proptest::collection::vec;
 use proptest::option;
 use proptest::prelude::*;
 use redrive_core::{
     Backoff, DeadReason, Decision, DurationMs, ErrorClass, Failure, FailureContext, Jitter,
-    PolicyError, RetryPolicy, RetryPolicyConfig, SplitMix64, Timestamp,
+    PolicyError, RetryPolicy, RetryPolicyConfig, SplitMix64, Timestamp, DEFAULT_MIN_RETRY_SPAN_MS,
 };
 
 const SECOND: u64 = 1_000;
@@ -196,6 +198,57 @@ fn simulate(policy: &RetryPolicy, created_at: Timestamp, seed: u64) -> Vec<Decis
         }
     }
     out
+}
+
+// ---------------------------------------------------------------- the default
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// Property 9 (issue 15): a message on the default policy that fails every attempt
+    /// is retried for at least [`DEFAULT_MIN_RETRY_SPAN_MS`] (4 h) before it is dead,
+    /// whatever the seed, and for no more than the un-jittered schedule (29,295 s): its
+    /// 20 attempts all happen, and it dies of `max_attempts`, never of `max_age`.
+    #[test]
+    fn default_policy_retries_at_least_four_hours_whatever_the_jitter(
+        created_at in 0i64..=4_000_000_000_000,
+        seed in any::<u64>(),
+    ) {
+        let policy = RetryPolicy::default();
+        let created = Timestamp::from_millis(created_at);
+        let schedule = simulate(&policy, created, seed);
+        prop_assert_eq!(schedule.len(), policy.max_attempts as usize);
+        prop_assert_eq!(
+            schedule.last(),
+            Some(&Decision::Dead { reason: DeadReason::MaxAttempts })
+        );
+        let span: u64 = schedule
+            .iter()
+            .map(|d| match d {
+                Decision::Retry { delay_ms, .. } => *delay_ms,
+                Decision::Dead { .. } => 0,
+            })
+            .sum();
+        prop_assert!(
+            span >= DEFAULT_MIN_RETRY_SPAN_MS,
+            "seed {}: dead after {} ms of retries", seed, span
+        );
+        prop_assert!(span <= 29_295 * SECOND, "seed {}: {} ms", seed, span);
+    }
+}
+
+/// The smallest draw equal jitter can make, every time (what the property above can only
+/// sample): each wait at exactly half its delay still adds up to more than 4 h.
+#[test]
+fn default_policy_lowest_draws_still_span_four_hours() {
+    let policy = RetryPolicy::default();
+    assert_eq!(policy.jitter, Jitter::Equal);
+    let lowest: u64 = (1..policy.max_attempts)
+        .map(|n| (SECOND << (n - 1).min(40)).min(policy.max_delay_ms) / 2)
+        .sum();
+    assert!(lowest >= DEFAULT_MIN_RETRY_SPAN_MS, "{lowest} ms");
+    let explained = policy.explain();
+    assert_eq!(explained.last().map(|r| r.cumulative_min_ms), Some(lowest));
 }
 
 // ---------------------------------------------------------------- decide

@@ -202,7 +202,7 @@ impl Metrics {
         let deliveries = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "redrive_deliveries",
-            "Deliveries by outcome: leased, acked, nacked, lease_expired",
+            "Deliveries by outcome: leased, acked, nacked, released (a consumer handed it back), returned, lease_expired",
             deliveries.clone(),
         );
         let retries = Family::<ClassLabels, Counter>::default();
@@ -562,6 +562,17 @@ impl Metrics {
             .get_or_create(&ResultLabels {
                 queue: queue.to_owned(),
                 result,
+            })
+            .inc();
+    }
+
+    /// A consumer handed a lease of `queue` back uncharged (a release past its bound is a
+    /// failed attempt: [`Metrics::failed`] with outcome `released`).
+    pub fn released(&self, queue: &str) {
+        self.deliveries
+            .get_or_create(&OutcomeLabels {
+                queue: queue.to_owned(),
+                outcome: "released",
             })
             .inc();
     }

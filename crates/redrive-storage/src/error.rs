@@ -24,6 +24,12 @@ pub enum StoreError {
     /// counted as a failed attempt). Tell the client 409.
     #[error("the lease has expired")]
     LeaseExpired,
+    /// The token was the message's lease, and that lease was already settled (acked,
+    /// nacked, released, or ended by an operator's kill) before this call: nothing
+    /// changed. Tell the client 409, saying how. (An ack repeated with the token of an
+    /// acked lease is not this: it succeeds again, as a retried request.)
+    #[error("the lease was already settled: {}", .0.explain())]
+    LeaseSettled(crate::Settled),
     /// The operation is not allowed in the message's current state. Tell the client 409.
     #[error("message is {state}, {action} needs {allowed}", state = .state.as_str())]
     InvalidState {

@@ -41,5 +41,5 @@ pub use sqlite::{
 };
 pub use store::{
     Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
-    PurgeOutcome, QueueStats, Release, Returned, Store, TickOutcome,
+    PurgeOutcome, QueueStats, Release, ReleaseBy, Released, Returned, Settled, Store, TickOutcome,
 };

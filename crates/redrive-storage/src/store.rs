@@ -35,6 +35,13 @@ pub struct Leased {
     pub token: String,
     /// This delivery's attempt number (1 = first delivery).
     pub attempt: u32,
+    /// The attempt number of the message's last try under its queue's policy: when
+    /// `attempt == max_attempts`, a failure of this attempt that counts makes the message
+    /// dead (`max_attempts`). It is the policy's `max_attempts` while every attempt so far
+    /// counted, and more after a redrive (a fresh budget: the attempt numbers go on) or
+    /// uncharged rate limits. It assumes the remaining failures count; `max_age` or a
+    /// permanent failure can end the message earlier.
+    pub max_attempts: u32,
     /// When the lease expires.
     pub expires_at: Timestamp,
     /// How late the delivery is: lease time − due time, ms (for the lateness histogram).
@@ -50,6 +57,50 @@ pub struct Published {
     pub replayed: bool,
     /// For a publish with `failed`: what the policy decided.
     pub failure: Option<FailureOutcome>,
+}
+
+/// How a lease that is no longer live was settled before it could expire
+/// ([`StoreError::LeaseSettled`](crate::StoreError::LeaseSettled)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Settled {
+    /// Acked: the message is done (or was, before a bridge's return).
+    Acked,
+    /// Nacked (or failed by a bridge's return): the attempt failed, the policy decided.
+    Nacked,
+    /// Released: handed back unattempted.
+    Released,
+    /// An operator killed the message while it was leased.
+    Killed,
+}
+
+impl Settled {
+    /// The snake_case name (`acked`, `nacked`, `released`, `killed`), as the API's error
+    /// says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settled::Acked => "acked",
+            Settled::Nacked => "nacked",
+            Settled::Released => "released",
+            Settled::Killed => "killed",
+        }
+    }
+
+    /// Parse the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Acked, Self::Nacked, Self::Released, Self::Killed]
+            .into_iter()
+            .find(|h| h.as_str() == s)
+    }
+
+    /// How it was settled, in words.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Settled::Acked => "it was acked (the message is done)",
+            Settled::Nacked => "it was nacked (the policy decided the message's retry)",
+            Settled::Released => "it was released (handed back unattempted)",
+            Settled::Killed => "an operator killed the message",
+        }
+    }
 }
 
 /// A reference to a lease: the message and the token it was leased with.
@@ -107,9 +158,11 @@ pub struct Returned {
     pub failure: Failure,
 }
 
-/// A leased message handed back without having been attempted (push delivery parks a
-/// message its endpoint cannot take now: breaker open, retry budget spent). The attempt
-/// the lease counted is taken back: nothing is charged, nothing enters the history.
+/// A leased message handed back without having been attempted: push delivery parks a
+/// message its endpoint cannot take now (breaker open, retry budget spent), a bridge one
+/// its broker refused, a consumer one it will not process (shutting down). The attempt
+/// the lease counted is taken back: nothing is charged, nothing enters the history —
+/// within the bound of [`Release::by`].
 #[derive(Debug, Clone)]
 pub struct Release {
     /// The lease.
@@ -117,6 +170,53 @@ pub struct Release {
     /// When the message may be leased again: `ready` at once if not after now, else
     /// `scheduled` until then.
     pub until: Timestamp,
+    /// Who hands it back, which bounds how often it may be uncharged.
+    pub by: ReleaseBy,
+}
+
+/// Who releases a lease ([`Release`]), and so whether releases are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseBy {
+    /// redrive itself (push delivery parking, a bridge whose broker refused a republish):
+    /// never charged, never bounded. Its own protections (breaker, pace, budget,
+    /// reconnect backoff) keep it from looping.
+    Redrive,
+    /// A consumer (`POST /v1/messages/{id}/release`): uncharged at most the queue's
+    /// `max_rate_limited` times since the publish or the last redrive (the bound of
+    /// uncharged rate-limited attempts). Past that, a release is a failed attempt like a
+    /// transient nack (a history entry coded `released`, the policy's delay when it is
+    /// longer than `until`, dead after `max_attempts`), so a consumer that releases
+    /// everything it leases cannot keep a message in a hot loop.
+    Consumer,
+}
+
+/// What a release did.
+#[derive(Debug, Clone)]
+pub enum Released {
+    /// Handed back uncharged: the message (`ready` or `scheduled`) with its attempt count
+    /// as before the lease.
+    Uncharged(Message),
+    /// A consumer's release past its bound of uncharged ones: a failed attempt, decided by
+    /// the policy like a nack's.
+    Charged(FailureOutcome),
+}
+
+impl Released {
+    /// The message after the release.
+    pub fn message(&self) -> &Message {
+        match self {
+            Released::Uncharged(m) => m,
+            Released::Charged(f) => &f.message,
+        }
+    }
+
+    /// The message after the release, owned.
+    pub fn into_message(self) -> Message {
+        match self {
+            Released::Uncharged(m) => m,
+            Released::Charged(f) => f.message,
+        }
+    }
 }
 
 /// A successful ack.
@@ -201,7 +301,9 @@ pub trait Store: Send + Sync + 'static {
     async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError>;
 
     /// Ack leased messages; one result per item. Acking an already-acked message with
-    /// its last token succeeds again (a retried request).
+    /// its last token succeeds again (a retried request). A token whose lease was settled
+    /// otherwise is [`StoreError::LeaseSettled`] (ack, nack, extend and release alike);
+    /// [`StoreError::LeaseExpired`] only when it expired.
     async fn ack(
         &self,
         items: Vec<Ack>,
@@ -216,12 +318,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
 
     /// Hand leased messages back unattempted ([`Release`]); one result per item: the
-    /// message as released (`ready` or `scheduled`, its attempt count as before the lease).
+    /// message as released (`ready` or `scheduled`, its attempt count as before the
+    /// lease), or, for a consumer's release past its bound, the failed attempt it counted
+    /// as ([`Released`]).
     async fn release(
         &self,
         items: Vec<Release>,
         now: Timestamp,
-    ) -> Result<Vec<Result<Message, StoreError>>, StoreError>;
+    ) -> Result<Vec<Result<Released, StoreError>>, StoreError>;
 
     /// Fail delivered attempts that came back ([`Returned`]); one result per item: the
     /// policy's decision (`Some`), or `None` when the return was already applied.

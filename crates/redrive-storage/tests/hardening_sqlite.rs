@@ -478,6 +478,7 @@ fn expected_refusal(r: Result<(), StoreError>) -> Result<(), TestCaseError> {
         | Err(StoreError::NotFound(_))
         | Err(StoreError::LeaseMismatch)
         | Err(StoreError::LeaseExpired)
+        | Err(StoreError::LeaseSettled(_))
         | Err(StoreError::InvalidState { .. }) => Ok(()),
         Err(e) => Err(TestCaseError::fail(format!("unexpected error: {e}"))),
     }

@@ -5,7 +5,8 @@
 use redrive_core::{ErrorClass, Failure, MessageId, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q, SHORT_AGE, T0};
 use redrive_storage::{
-    LeaseRef, LeaseRequest, MessageFilter, Nack, SqliteOptions, SqliteStore, Store, StoreError,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Release, ReleaseBy, Settled,
+    SqliteOptions, SqliteStore, Store, StoreError,
 };
 use serde_json::json;
 use std::path::Path;
@@ -312,7 +313,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .expect("version");
     assert_eq!(
         version,
-        "6", // the current schema version (schema.rs SCHEMA_VERSION)
+        "7", // the current schema version (schema.rs SCHEMA_VERSION)
         "the data directory is marked upgraded"
     );
     // Version 6's tables (bulk tasks, the audit log) exist, empty.
@@ -344,4 +345,116 @@ async fn newer_schema_version_is_refused() {
         Err(e) => panic!("another error: {e}"),
         Ok(_) => panic!("a store of a newer schema opened"),
     }
+}
+
+/// Schema 7 records how a lease ended (`lease_end`). A data directory of version 6 has
+/// leases that ended before the upgrade: a late call with one of their tokens still says
+/// how it ended (told from the row and its history), not `lease_expired` for all.
+#[tokio::test]
+async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(options(dir.path())).expect("open");
+    let items = (0..5)
+        .map(|n| NewMessage::new(Q, json!({ "n": n })))
+        .collect();
+    store.publish(items, at(0)).await.expect("publish");
+    let mut l: Vec<Leased> = store
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 5,
+                lease_ms: 1_000,
+                max_bytes: None,
+            },
+            at(0),
+        )
+        .await
+        .expect("lease");
+    l.sort_by_key(|l| l.message.created_at);
+    assert_eq!(l.len(), 5);
+    let lref = |l: &Leased| LeaseRef {
+        id: l.message.id,
+        token: l.token.clone(),
+    };
+    // acked, nacked, released, expired, killed.
+    assert!(store
+        .ack(vec![lref(&l[0]).into()], at(1))
+        .await
+        .expect("ack")[0]
+        .is_ok());
+    let nack = Nack {
+        response: None,
+        lease: lref(&l[1]),
+        failure: Failure::new(ErrorClass::Transient, "x"),
+    };
+    assert!(store.nack(vec![nack], at(1)).await.expect("nack")[0].is_ok());
+    let release = Release {
+        lease: lref(&l[2]),
+        until: at(1),
+        by: ReleaseBy::Consumer,
+    };
+    assert!(store.release(vec![release], at(1)).await.expect("release")[0].is_ok());
+    store
+        .kill(l[4].message.id, None, at(1))
+        .await
+        .expect("kill");
+    assert_eq!(store.tick(at(1_000)).await.expect("tick").expired.len(), 1);
+    store.close().await;
+    drop(store);
+    // Back to version 6: the same tables without the two columns version 7 added.
+    raw(dir.path())
+        .execute_batch(
+            "ALTER TABLE messages DROP COLUMN lease_end; \
+             ALTER TABLE messages DROP COLUMN released; \
+             UPDATE meta SET v = '6' WHERE k = 'schema_version';",
+        )
+        .expect("make a version 6 database");
+    let store = SqliteStore::open(options(dir.path())).expect("a v6 data directory opens");
+    let late = |l: &Leased| {
+        let (store, lease) = (&store, lref(l));
+        async move {
+            store
+                .ack(vec![lease.into()], at(2_000))
+                .await
+                .expect("ack request")
+                .remove(0)
+                .map(drop)
+        }
+    };
+    // The acked one: a nack with its token (a repeated ack succeeds, as before).
+    let nack = Nack {
+        response: None,
+        lease: lref(&l[0]),
+        failure: Failure::new(ErrorClass::Transient, "x"),
+    };
+    let r = store.nack(vec![nack], at(2_000)).await.expect("nack")[0]
+        .as_ref()
+        .map(drop)
+        .map_err(Clone::clone);
+    assert!(
+        matches!(r, Err(StoreError::LeaseSettled(Settled::Acked))),
+        "{r:?}"
+    );
+    let want = [
+        (1, "nacked"),
+        (2, "released"),
+        (3, "expired"),
+        (4, "killed"),
+    ];
+    for (i, how) in want {
+        let r = late(&l[i]).await;
+        let said = match &r {
+            Err(StoreError::LeaseSettled(h)) => h.as_str(),
+            Err(StoreError::LeaseExpired) => "expired",
+            other => panic!("message {i}: {other:?}"),
+        };
+        assert_eq!(said, how, "message {i}");
+    }
+    store.close().await;
+    let version: String = raw(dir.path())
+        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
+            r.get(0)
+        })
+        .expect("version");
+    assert_eq!(version, "7");
 }

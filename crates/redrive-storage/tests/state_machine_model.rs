@@ -1,12 +1,13 @@
 //! Model-based property test of the message state machine on [`SqliteStore`].
 //!
-//! Random sequences of operations (publish, lease, ack, nack of every class, time
-//! passing with a scheduler tick, redrive, kill, delete, and acks/nacks with stale or
-//! bogus tokens) run against the store and against a small in-test model of SPEC §2–4
+//! Random sequences of operations (publish, lease, ack, nack of every class, a
+//! consumer's release, time passing with a scheduler tick, redrive, kill, delete, and
+//! acks/nacks/releases with stale or bogus tokens) run against the store and against a small in-test model of SPEC §2–4
 //! with the conformance suite's deterministic policy (fixed 1 s, no jitter, rate limits
 //! not counted up to `MAX_RATE_LIMITED` and never retried sooner than 1 s) and 2 attempts. After every step the store and the model must
 //! agree on every message (state, attempts, due time, lease expiry, dead reason) and on
-//! the per-state counts, every answer (including refusals) must be the expected one, and
+//! the per-state counts, every answer (including refusals: how a settled lease ended,
+//! `lease_expired` only for one that expired) must be the expected one, and
 //! no transition may be illegal: done changes only by delete, dead only by redrive or
 //! delete, and an acked message is never leased again.
 
@@ -19,7 +20,8 @@ use redrive_storage::conformance::{
     at, policy, MAX_RATE_LIMITED, MAX_RETRY_AFTER_MS, Q, RETRY_DELAY_MS,
 };
 use redrive_storage::{
-    Durability, LeaseRef, LeaseRequest, Nack, SqliteOptions, SqliteStore, Store, StoreError,
+    Durability, LeaseRef, LeaseRequest, Nack, Release, ReleaseBy, Released, SqliteOptions,
+    SqliteStore, Store, StoreError,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -58,6 +60,11 @@ enum Op {
         token: Token,
         class: ErrorClass,
         retry_after_ms: Option<u64>,
+    },
+    /// A consumer hands its lease back (`POST /v1/messages/{id}/release`, no delay).
+    Release {
+        pick: Pick,
+        token: Token,
     },
     /// Let time pass, then run the scheduler's tick — or not: a late scheduler leaves
     /// expired leases and due retries as they are until it runs.
@@ -112,6 +119,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (pick(), token()).prop_map(|(pick, token)| Op::Ack { pick, token }),
         5 => (pick(), token(), class, prop::option::of(quarters(16)))
             .prop_map(|(pick, token, class, retry_after_ms)| Op::Nack { pick, token, class, retry_after_ms }),
+        2 => (pick(), token()).prop_map(|(pick, token)| Op::Release { pick, token }),
         4 => (quarters(8), prop::bool::weighted(0.75)).prop_map(|(ms, tick)| Op::Advance { ms, tick }),
         2 => pick().prop_map(|pick| Op::Redrive { pick }),
         1 => pick().prop_map(|pick| Op::Kill { pick }),
@@ -131,8 +139,13 @@ struct ModelMsg {
     budget_base: u32,
     /// Rate-limited attempts since the last redrive (not counted).
     uncounted: u32,
+    /// Consumer releases left uncharged since the last redrive.
+    released: u32,
     /// Lease tokens, oldest first; the last is the current one.
     tokens: Vec<String>,
+    /// How the current token's lease ended (`acked`, `nacked`, `released`, `expired`,
+    /// `killed`), once it has.
+    lease_end: Option<&'static str>,
     lease_expires: i64,
     dead_reason: Option<DeadReason>,
 }
@@ -204,7 +217,10 @@ impl Model {
         if m.tokens.last().map(String::as_str) != Some(token) {
             return Some("mismatch");
         }
-        if m.state != State::Leased || m.lease_expires <= self.now {
+        if m.state != State::Leased {
+            return Some(m.lease_end.unwrap_or("expired"));
+        }
+        if m.lease_expires <= self.now {
             return Some("expired");
         }
         None
@@ -228,6 +244,7 @@ fn kind(e: &StoreError) -> &'static str {
         StoreError::NotFound(_) => "not_found",
         StoreError::LeaseMismatch => "mismatch",
         StoreError::LeaseExpired => "expired",
+        StoreError::LeaseSettled(how) => how.as_str(),
         StoreError::InvalidState { .. } => "invalid_state",
         _ => "other",
     }
@@ -236,7 +253,9 @@ fn kind(e: &StoreError) -> &'static str {
 /// The message `op` targets, if any message exists.
 fn target(model: &Model, op: &Op) -> Option<MessageId> {
     let (pick, wanted): (&Pick, &[State]) = match op {
-        Op::Ack { pick, .. } | Op::Nack { pick, .. } => (pick, &[State::Leased]),
+        Op::Ack { pick, .. } | Op::Nack { pick, .. } | Op::Release { pick, .. } => {
+            (pick, &[State::Leased])
+        }
         Op::Redrive { pick } => (pick, &[State::Dead, State::Scheduled]),
         Op::Kill { pick } => (pick, &[State::Scheduled, State::Ready, State::Leased]),
         Op::Delete { pick } => (pick, &[]),
@@ -326,7 +345,9 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         attempts: 0,
                         budget_base: 0,
                         uncounted: 0,
+                        released: 0,
                         tokens: Vec::new(),
+                        lease_end: None,
                         lease_expires: 0,
                         dead_reason: None,
                     },
@@ -373,6 +394,14 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                     .ok_or_else(|| TestCaseError::fail("leased unknown id"))?;
                 m.attempts += 1;
                 prop_assert_eq!(l.attempt, m.attempts);
+                // The last try: this attempt plus what is left of the budget.
+                let counted = m.attempts - m.budget_base - m.uncounted;
+                prop_assert_eq!(
+                    l.max_attempts,
+                    m.attempts + MAX_ATTEMPTS.saturating_sub(counted),
+                    "max_attempts of a lease"
+                );
+                m.lease_end = None;
                 prop_assert_eq!(l.expires_at, now.plus_ms(*lease_ms));
                 prop_assert!(!m.tokens.contains(&l.token), "a lease token was reused");
                 m.tokens.push(l.token);
@@ -407,6 +436,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                     prop_assert_eq!(a.message.state, State::Done);
                     if let Some(m) = model.msgs.get_mut(&id) {
                         m.state = State::Done;
+                        m.lease_end = Some("acked");
                     }
                     model.acked.insert(id);
                 }
@@ -455,6 +485,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         .get_mut(&id)
                         .ok_or_else(|| TestCaseError::fail("nack of unknown id"))?;
                     Model::fail(m, *class, *retry_after_ms, t);
+                    m.lease_end = Some("nacked");
                     prop_assert_eq!(
                         out.message.state,
                         m.state,
@@ -468,6 +499,62 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                 (want, got) => {
                     return Err(TestCaseError::fail(format!(
                         "nack: expected {want:?}, got {got:?}"
+                    )));
+                }
+            }
+        }
+        Op::Release { token, .. } => {
+            let Some(id) = target(model, op) else {
+                return Ok(());
+            };
+            let tok = pick_token(model, id, *token);
+            let r = s
+                .release(
+                    vec![Release {
+                        lease: LeaseRef {
+                            id,
+                            token: tok.clone(),
+                        },
+                        until: now,
+                        by: ReleaseBy::Consumer,
+                    }],
+                    now,
+                )
+                .await
+                .map_err(|e| TestCaseError::fail(format!("release: {e}")))?
+                .remove(0);
+            match (model.check_token(id, &tok), r) {
+                (None, Ok(out)) => {
+                    let t = model.now;
+                    let m = model
+                        .msgs
+                        .get_mut(&id)
+                        .ok_or_else(|| TestCaseError::fail("release of unknown id"))?;
+                    let charged = m.released >= MAX_RATE_LIMITED;
+                    if charged {
+                        Model::fail(m, ErrorClass::Transient, None, t);
+                    } else {
+                        // Ready again in its place (due time kept), the attempt taken back.
+                        m.released += 1;
+                        m.attempts -= 1;
+                        m.state = State::Ready;
+                    }
+                    m.lease_end = Some("released");
+                    prop_assert_eq!(
+                        matches!(out, Released::Charged(_)),
+                        charged,
+                        "release {} past {}",
+                        m.released,
+                        MAX_RATE_LIMITED
+                    );
+                    prop_assert_eq!(out.message().state, m.state, "release");
+                }
+                (Some(want), Err(e)) => {
+                    prop_assert_eq!(kind(&e), want, "release refused as {:?}", e)
+                }
+                (want, got) => {
+                    return Err(TestCaseError::fail(format!(
+                        "release: expected {want:?}, got {got:?}"
                     )));
                 }
             }
@@ -489,6 +576,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
             for (id, m) in model.msgs.iter_mut() {
                 if m.state == State::Leased && m.lease_expires <= t {
                     Model::fail(m, ErrorClass::Transient, None, t);
+                    m.lease_end = Some("expired");
                     ready_queue |= m.state == State::Ready;
                     expired.push(*id);
                 }
@@ -529,6 +617,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                     m.due = model.now;
                     m.budget_base = m.attempts;
                     m.uncounted = 0;
+                    m.released = 0;
                     m.dead_reason = None;
                     prop_assert_eq!(msg.state, State::Ready);
                 }
@@ -546,6 +635,9 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
             match (model.msgs.get_mut(&id), r) {
                 (None, Err(e)) => prop_assert_eq!(kind(&e), "not_found"),
                 (Some(m), Ok(msg)) if !m.state.is_final() => {
+                    if m.state == State::Leased {
+                        m.lease_end = Some("killed");
+                    }
                     m.state = State::Dead;
                     m.dead_reason = Some(DeadReason::Killed);
                     prop_assert_eq!(msg.state, State::Dead);
@@ -591,7 +683,7 @@ fn legal(op: &Op, targeted: bool, prev: State, next: Option<State>) -> bool {
         (State::Leased, Some(State::Done)) => targeted && matches!(op, Op::Ack { .. }),
         (State::Leased, Some(State::Scheduled | State::Ready)) => {
             matches!(op, Op::Advance { tick: true, .. })
-                || (targeted && matches!(op, Op::Nack { .. }))
+                || (targeted && matches!(op, Op::Nack { .. } | Op::Release { .. }))
         }
         _ => false,
     }

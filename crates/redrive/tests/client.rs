@@ -246,6 +246,56 @@ async fn errors_carry_the_servers_status_and_code() {
         .await
         .unwrap();
     assert_eq!(dead.state, State::Dead);
+    // Its token again: the lease was settled (nacked), and the error says how.
+    match api.ack(&id, &leased[0].lease).await {
+        Err(Error::Api {
+            status: 409,
+            code,
+            settled,
+            ..
+        }) => assert_eq!(
+            (code.as_str(), settled.as_deref()),
+            ("lease_settled", Some("nacked"))
+        ),
+        other => panic!("{other:?}"),
+    }
+    let items = api
+        .ack_batch(&[BatchItem::new(id.clone(), leased[0].lease.clone())])
+        .await
+        .unwrap();
+    let e = items[0].error.as_ref().unwrap();
+    assert_eq!(
+        (e.code.as_str(), e.settled.as_deref()),
+        ("lease_settled", Some("nacked"))
+    );
+
+    // A release hands the lease back: ready, the attempt not charged; its token is then
+    // settled as released.
+    let m = api
+        .publish("typed", &Publish::new(json!(2)))
+        .await
+        .unwrap()
+        .message;
+    let l = api
+        .lease("typed", &LeaseRequest::default())
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((l.attempt, l.max_attempts), (1, 2));
+    let back = api
+        .release(&m.id.to_string(), &l.lease, None)
+        .await
+        .unwrap();
+    assert_eq!((back.state, back.attempts), (State::Ready, 0));
+    let e = api
+        .release(&m.id.to_string(), &l.lease, Some("1s"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(409), Some("lease_settled")),
+        "{e}"
+    );
 
     api.readyz().await.unwrap();
     api.healthz().await.unwrap();

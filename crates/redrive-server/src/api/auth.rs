@@ -7,7 +7,7 @@
 //! gets a [`Caller`] in its extensions: handlers read it for the audit log.
 //!
 //! Every route needs one scope, given by [`required_scope`]: `publish` to publish,
-//! `consume` to lease, ack, nack and extend, `read` for every `GET`, `admin` for operator
+//! `consume` to lease, ack, nack, release and extend, `read` for every `GET`, `admin` for operator
 //! actions (redrive, kill, delete, tasks). `admin` includes the other three. With no token
 //! configured at all (loopback only, see `lib.rs`), every caller is `anonymous` with every
 //! scope, as before.
@@ -26,7 +26,7 @@ use std::sync::Arc;
 pub enum Scope {
     /// Publish messages.
     Publish,
-    /// Lease, ack, nack, extend.
+    /// Lease, ack, nack, release, extend.
     Consume,
     /// Every `GET`: messages, queues, endpoints, bridges, groups, tasks, audit.
     Read,
@@ -187,6 +187,7 @@ pub fn required_scope(method: &Method, route: &str) -> Scope {
         ("POST", "/v1/queues/{queue}/leases")
         | ("POST", "/v1/messages/{id}/ack")
         | ("POST", "/v1/messages/{id}/nack")
+        | ("POST", "/v1/messages/{id}/release")
         | ("POST", "/v1/messages/{id}/extend")
         | ("POST", "/v1/messages/ack")
         | ("POST", "/v1/messages/nack") => Scope::Consume,
@@ -277,6 +278,10 @@ mod tests {
         );
         assert_eq!(
             required_scope(&post, "/v1/queues/{queue}/leases"),
+            Scope::Consume
+        );
+        assert_eq!(
+            required_scope(&post, "/v1/messages/{id}/release"),
             Scope::Consume
         );
         assert_eq!(

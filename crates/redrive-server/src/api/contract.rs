@@ -481,6 +481,9 @@ fn patch(cfg: &Config, v: &mut Value) {
         set_prop(schemas, "LeaseBody", "wait", |p| {
             nullable_pattern(&desc(p), &duration_pattern(r.wait))
         });
+        set_prop(schemas, "ReleaseBody", "delay", |p| {
+            nullable_pattern(&desc(p), &duration_pattern(r.ahead))
+        });
         set_prop(
             schemas,
             "ExtendBody",
@@ -524,6 +527,14 @@ fn patch(cfg: &Config, v: &mut Value) {
                         desc(p).as_str().unwrap_or("")
                     )})
                 }
+            });
+            // A map of strings, or `[]` (PHP's `json_encode` of an empty array): no headers.
+            set_prop(schemas, schema, "headers", |p| {
+                json!({"oneOf": [
+                    {"type": "object", "additionalProperties": {"type": "string"}},
+                    {"type": "array", "maxItems": 0},
+                    {"type": "null"}
+                ], "description": desc(p)})
             });
             for key in ["key", "idempotency_key"] {
                 set_prop(schemas, schema, key, |p| {
@@ -792,6 +803,7 @@ fn patch(cfg: &Config, v: &mut Value) {
         ("/v1/messages/{id}/kill", "post", "200", message.clone()),
         ("/v1/messages/{id}/ack", "post", "200", message.clone()),
         ("/v1/messages/{id}/nack", "post", "200", message.clone()),
+        ("/v1/messages/{id}/release", "post", "200", message.clone()),
         (
             "/v1/messages/{id}",
             "delete",

@@ -1,5 +1,7 @@
 //! API errors: `{"error": {"code": "snake_case", "message": "…"}}` with the right status.
-//! Internal details (backend errors) are logged, never sent.
+//! Internal details (backend errors) are logged, never sent. One error adds a field for
+//! programs: `lease_settled` says how the lease was settled in `settled` (`acked`,
+//! `nacked`, `released`, `killed`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -22,6 +24,10 @@ pub struct ErrorDetail {
     pub code: String,
     /// What went wrong, for people; names the field at fault.
     pub message: String,
+    /// With `lease_settled` only: how the lease was settled (`acked`, `nacked`,
+    /// `released`, `killed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled: Option<String>,
 }
 
 /// An error answer.
@@ -33,6 +39,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// Human message.
     pub message: String,
+    /// With `lease_settled` only: how (`acked`, `nacked`, `released`, `killed`), sent as
+    /// `settled` beside `code`.
+    pub settled: Option<&'static str>,
 }
 
 impl ApiError {
@@ -42,6 +51,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            settled: None,
         }
     }
 
@@ -56,6 +66,7 @@ impl ApiError {
             error: ErrorDetail {
                 code: self.code.to_owned(),
                 message: self.message.clone(),
+                settled: self.settled.map(str::to_owned),
             },
         }
     }
@@ -74,6 +85,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", msg),
             StoreError::LeaseMismatch => Self::new(StatusCode::CONFLICT, "lease_mismatch", msg),
             StoreError::LeaseExpired => Self::new(StatusCode::CONFLICT, "lease_expired", msg),
+            StoreError::LeaseSettled(how) => Self {
+                settled: Some(how.as_str()),
+                ..Self::new(StatusCode::CONFLICT, "lease_settled", msg)
+            },
             StoreError::InvalidState { .. } => {
                 Self::new(StatusCode::CONFLICT, "invalid_state", msg)
             }

@@ -1,4 +1,8 @@
-//! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, extend, and their batch forms.
+//! Consuming: `POST /v1/queues/{queue}/leases`, ack, nack, release, extend, and the batch
+//! forms of ack and nack. A call with the token of a lease that is no longer live is a 409
+//! naming why: `lease_mismatch` (another token: the message was leased again, or the token
+//! is garbage), `lease_settled` (this lease was already acked, nacked, released or ended
+//! by a kill; `settled` says which) or `lease_expired` (it ran out).
 
 use super::contract::Ranges;
 use super::limits::{message_bound_bytes, JsonArray, MESSAGE_FIXED_BYTES};
@@ -9,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::Json;
 use redrive_core::{ErrorClass, Failure, LastError, Message, Timestamp};
-use redrive_storage::{LeaseRef, Nack, StoreError};
+use redrive_storage::{LeaseRef, Nack, Release, ReleaseBy, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
@@ -33,10 +37,16 @@ pub struct LeaseBody {
 pub struct LeasedMessage {
     /// Message id.
     pub id: String,
-    /// The lease token to present to ack / nack / extend.
+    /// The lease token to present to ack / nack / release / extend.
     pub lease: String,
     /// This delivery's attempt number (1 = first).
     pub attempt: u32,
+    /// The attempt number of the last try: when `attempt == max_attempts`, a failure of
+    /// this attempt that counts makes the message dead (`max_attempts`). The queue's
+    /// `max_attempts` until a redrive (a fresh budget, the attempt numbers going on) or
+    /// uncharged rate limits move it on; `max_age` or a permanent failure can end the
+    /// message before it.
+    pub max_attempts: u32,
     /// The payload.
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
@@ -156,6 +166,7 @@ pub async fn lease(
                 id: l.message.id.to_string(),
                 lease: l.token,
                 attempt: l.attempt,
+                max_attempts: l.max_attempts,
                 payload: l.message.payload,
                 headers: l.message.headers,
                 key: l.message.key,
@@ -204,6 +215,17 @@ pub struct NackBody {
     pub error: Option<NackError>,
 }
 
+/// A release: the lease handed back unattempted.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The lease token.
+    pub lease: String,
+    /// Leasable again after this long, e.g. `"10s"` (default `"0s"`: ready at once, in
+    /// its place). At most `max_schedule_ahead`.
+    pub delay: Option<String>,
+}
+
 /// A lease extension.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -249,7 +271,7 @@ fn first<T>(mut v: Vec<Result<T, StoreError>>) -> Result<T, ApiError> {
     params(("id" = String, Path, description = "Message id")), request_body = AckBody,
     responses((status = 200, description = "The message, now done"),
         (status = 404, description = "No such message", body = ErrorBody),
-        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+        (status = 409, description = "lease_mismatch (another token), lease_settled (this lease was already acked, nacked, released or ended by a kill: `settled` says which) or lease_expired", body = ErrorBody)))]
 pub async fn ack(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -273,7 +295,7 @@ pub async fn ack(
     responses((status = 200, description = "The message with its new state and due_at or dead_reason"),
         (status = 400, description = "Bad error class or duration", body = ErrorBody),
         (status = 404, description = "No such message", body = ErrorBody),
-        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+        (status = 409, description = "lease_mismatch (another token), lease_settled (this lease was already acked, nacked, released or ended by a kill: `settled` says which) or lease_expired", body = ErrorBody)))]
 pub async fn nack(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -295,6 +317,44 @@ pub async fn nack(
     Ok(Json(first(out)?.message))
 }
 
+/// Hand a leased message back unattempted (a consumer shutting down, a deploy): `ready`
+/// again in its place, or `scheduled` after `delay`; the attempt is not charged and no
+/// history entry is written. Bounded like uncharged rate-limited attempts: after the
+/// queue's `max_rate_limited` uncharged releases (since the publish or the last redrive),
+/// a release counts as a failed attempt (a history entry coded `released`, the policy's
+/// delay if longer than `delay`, dead after `max_attempts`), so a consumer that releases
+/// all it leases cannot keep a message in a hot loop.
+#[utoipa::path(post, path = "/v1/messages/{id}/release", tag = "leases",
+    params(("id" = String, Path, description = "Message id")), request_body = ReleaseBody,
+    responses((status = 200, description = "The message, ready (or scheduled) again with its attempt count as before the lease; past the bound, the message as the failed attempt left it"),
+        (status = 400, description = "Bad delay", body = ErrorBody),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "lease_mismatch (another token), lease_settled (this lease was already acked, nacked, released or ended by a kill: `settled` says which) or lease_expired", body = ErrorBody)))]
+pub async fn release(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ReleaseBody>,
+) -> Result<Json<Message>, ApiError> {
+    let id = message_id(&id)?;
+    let delay_ms = match &body.delay {
+        Some(d) => duration_field("delay", d, Ranges::of(&s.config).ahead)?,
+        None => 0,
+    };
+    let until = s.engine.clock().now().plus_ms(delay_ms);
+    let out = s
+        .engine
+        .release(vec![Release {
+            lease: LeaseRef {
+                id,
+                token: body.lease,
+            },
+            until,
+            by: ReleaseBy::Consumer,
+        }])
+        .await?;
+    Ok(Json(first(out)?))
+}
+
 /// The answer to an extension.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Extended {
@@ -309,7 +369,7 @@ pub struct Extended {
     params(("id" = String, Path, description = "Message id")), request_body = ExtendBody,
     responses((status = 200, body = Extended),
         (status = 404, description = "No such message", body = ErrorBody),
-        (status = 409, description = "lease_mismatch or lease_expired", body = ErrorBody)))]
+        (status = 409, description = "lease_mismatch (another token), lease_settled (this lease was already acked, nacked, released or ended by a kill: `settled` says which) or lease_expired", body = ErrorBody)))]
 pub async fn extend(
     State(s): State<AppState>,
     Path(id): Path<String>,

@@ -64,7 +64,7 @@ pub struct AppState {
     info(title = "redrive", description = "Durable retry and dead-letter server. Errors are {\"error\": {\"code\", \"message\"}}."),
     tags(
         (name = "messages", description = "Publish, inspect and act on messages"),
-        (name = "leases", description = "Consume: lease, ack, nack, extend"),
+        (name = "leases", description = "Consume: lease, ack, nack, release, extend"),
         (name = "queues", description = "Queue counts and policies, push endpoints"),
         (name = "tasks", description = "Bulk actions as durable tasks, and the audit log"),
         (name = "ops", description = "Health, readiness, metrics")
@@ -85,6 +85,7 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(leases::lease))
         .routes(routes!(leases::ack))
         .routes(routes!(leases::nack))
+        .routes(routes!(leases::release))
         .routes(routes!(leases::extend))
         .routes(routes!(leases::ack_batch))
         .routes(routes!(leases::nack_batch))

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, NewAudit, Published, Release,
-    Returned, Store, StoreError, TaskAction,
+    ReleaseBy, Released, Returned, Store, StoreError, TaskAction,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -324,19 +324,37 @@ impl Engine {
         }
     }
 
-    /// Hand leases back unattempted (push delivery parking messages); one result per item.
+    /// Hand leases back unattempted (push delivery parking messages, a bridge whose broker
+    /// refused a copy, a consumer's `release`); one result per item: the message as
+    /// released. A consumer's release past its bound is a failed attempt (see
+    /// [`redrive_storage::ReleaseBy`]), counted and watched like a nack's.
     pub async fn release(
         &self,
         items: Vec<Release>,
     ) -> Result<Vec<Result<Message, StoreError>>, StoreError> {
+        let by: Vec<ReleaseBy> = items.iter().map(|r| r.by).collect();
         let out = self.store.release(items, self.clock.now()).await?;
-        for m in out.iter().flatten() {
-            let unblocks_key = m.key.is_some() && self.key_ordered(&m.queue);
-            if m.state == State::Ready || unblocks_key {
-                self.waiters.wake(&m.queue, 1);
-            }
-        }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .zip(by)
+            .map(|(r, by)| {
+                r.map(|released| {
+                    match &released {
+                        Released::Charged(f) => self.after_failure(f, "released"),
+                        Released::Uncharged(m) => {
+                            if by == ReleaseBy::Consumer {
+                                self.metrics.released(&m.queue);
+                            }
+                            let unblocks_key = m.key.is_some() && self.key_ordered(&m.queue);
+                            if m.state == State::Ready || unblocks_key {
+                                self.waiters.wake(&m.queue, 1);
+                            }
+                        }
+                    }
+                    released.into_message()
+                })
+            })
+            .collect())
     }
 
     /// A leased message that cannot be delivered as it is stored (push: its `target_url` no

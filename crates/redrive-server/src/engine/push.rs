@@ -562,6 +562,7 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
     let release = Release {
         lease: redrive_storage::LeaseRef { id, token: l.token },
         until,
+        by: redrive_storage::ReleaseBy::Redrive,
     };
     match engine.release(vec![release]).await {
         Ok(mut r) => match r.pop() {

@@ -91,6 +91,7 @@ fn needed(method: &str, path: &str) -> &'static str {
         ("post", "/v1/queues/{queue}/leases")
         | ("post", "/v1/messages/{id}/ack")
         | ("post", "/v1/messages/{id}/nack")
+        | ("post", "/v1/messages/{id}/release")
         | ("post", "/v1/messages/{id}/extend")
         | ("post", "/v1/messages/ack")
         | ("post", "/v1/messages/nack") => "consume",

@@ -1,8 +1,8 @@
-//! Consuming: lease (max, length, long poll), ack, nack, extend, stale and expired
-//! leases, and the batch forms of ack and nack.
+//! Consuming: lease (max, length, long poll, `max_attempts`), ack, nack, release, extend,
+//! stale, settled and expired leases, and the batch forms of ack and nack.
 
 use crate::harness::{
-    assert_error, assert_error_names, counts_of, id_of, lease_of, ms, unknown_id, TestServer,
+    assert_error, assert_error_names, counts_of, id_of, lease_of, ms, ok, unknown_id, TestServer,
 };
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -647,5 +647,317 @@ async fn retried_ack_is_counted_once_in_metrics() {
     ] {
         assert!(metrics.contains(line), "want {line:?} in:\n{metrics}");
     }
+    s.stop().await;
+}
+
+/// The 409 of a call with a settled lease's token: `lease_settled`, how in `settled` and
+/// in words.
+fn assert_settled(got: &(u16, Value), how: &str) {
+    assert_error(got, 409, "lease_settled");
+    assert_eq!(got.1["error"]["settled"], how, "{}", got.1);
+    let msg = got.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(how),
+        "the message does not say {how}: {}",
+        got.1
+    );
+}
+
+/// Issue 15, defect 10: an ack after a nack said `lease_expired` ("the lease has expired");
+/// it had not expired, it was nacked. Each settled lease now says how, alone and in a batch.
+#[tokio::test]
+async fn late_calls_with_a_settled_lease_answer_lease_settled_saying_how() {
+    let s = TestServer::fast(QUEUES).await;
+    // slow: a retry waits 1 h, so a nacked message is not leased again meanwhile.
+    let nacked = s.publish_payload("slow", json!("nacked")).await;
+    let ln = s.lease("slow", json!({})).await.remove(0);
+    ok(
+        s.nack(&nacked, &lease_of(&ln), json!({"class": "transient"}))
+            .await,
+    );
+    let before = s.snapshot().await;
+    assert_settled(&s.ack(&nacked, &lease_of(&ln)).await, "nacked");
+    assert_settled(
+        &s.nack(&nacked, &lease_of(&ln), json!({"class": "permanent"}))
+            .await,
+        "nacked",
+    );
+    assert_settled(
+        &s.post(
+            &format!("/v1/messages/{nacked}/extend"),
+            json!({"lease": lease_of(&ln), "by": "10s"}),
+        )
+        .await,
+        "nacked",
+    );
+    assert_eq!(
+        s.snapshot().await,
+        before,
+        "a refused late call changed something"
+    );
+
+    let acked = s.publish_payload("work", json!("acked")).await;
+    let la = s.lease("work", json!({})).await.remove(0);
+    ok(s.ack(&acked, &lease_of(&la)).await);
+    // A repeated ack with the same token is a retried request: 200 again, no change.
+    ok(s.ack(&acked, &lease_of(&la)).await);
+    assert_settled(
+        &s.nack(&acked, &lease_of(&la), json!({"class": "transient"}))
+            .await,
+        "acked",
+    );
+    assert_settled(
+        &s.post(
+            &format!("/v1/messages/{acked}/extend"),
+            json!({"lease": lease_of(&la), "by": "10s"}),
+        )
+        .await,
+        "acked",
+    );
+    assert_settled(
+        &s.post(
+            &format!("/v1/messages/{acked}/release"),
+            json!({"lease": lease_of(&la)}),
+        )
+        .await,
+        "acked",
+    );
+
+    let released = s.publish_payload("slow", json!("released")).await;
+    let lr = s
+        .lease("slow", json!({}))
+        .await
+        .into_iter()
+        .find(|l| l["id"] == released.as_str())
+        .expect("the new message");
+    ok(s.post(
+        &format!("/v1/messages/{released}/release"),
+        json!({"lease": lease_of(&lr), "delay": "1h"}),
+    )
+    .await);
+    assert_settled(&s.ack(&released, &lease_of(&lr)).await, "released");
+    assert_settled(
+        &s.nack(&released, &lease_of(&lr), json!({"class": "transient"}))
+            .await,
+        "released",
+    );
+
+    // The batch forms answer each item the same way.
+    let (st, b) = s
+        .post(
+            "/v1/messages/ack",
+            json!({"items": [
+                {"id": nacked, "lease": lease_of(&ln)},
+                {"id": released, "lease": lease_of(&lr)},
+            ]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{b}");
+    for (item, how) in b["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["nacked", "released"])
+    {
+        assert_eq!(item["status"], 409, "{b}");
+        assert_eq!(item["error"]["code"], "lease_settled", "{b}");
+        assert_eq!(item["error"]["settled"], how, "{b}");
+    }
+    let (st, b) = s
+        .post(
+            "/v1/messages/nack",
+            json!({"items": [{"id": acked, "lease": lease_of(&la), "error": {"class": "transient"}}]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["items"][0]["error"]["code"], "lease_settled", "{b}");
+    assert_eq!(b["items"][0]["error"]["settled"], "acked", "{b}");
+    // Other errors carry no `settled`.
+    let got = s.ack(&acked, "bogus").await;
+    assert_error(&got, 409, "lease_mismatch");
+    assert!(got.1["error"].get("settled").is_none(), "{}", got.1);
+    s.stop().await;
+}
+
+/// SPEC §5: a consumer hands a lease back unattempted: ready again in its place, the
+/// attempt not charged, no history entry; with `delay`, scheduled until then.
+#[tokio::test]
+async fn release_hands_a_lease_back_unattempted() {
+    let s = TestServer::fast(QUEUES).await;
+    let a = s.publish_payload("rel", json!("a")).await;
+    let b = s.publish_payload("rel", json!("b")).await;
+    let l = s.lease("rel", json!({})).await.remove(0);
+    assert_eq!(l["id"], a.as_str());
+    let m = ok(s
+        .post(
+            &format!("/v1/messages/{a}/release"),
+            json!({"lease": lease_of(&l)}),
+        )
+        .await);
+    assert_eq!(m["state"], "ready", "{m}");
+    assert_eq!(m["attempts"], 0, "the released attempt was charged: {m}");
+    let got = s.message(&a).await;
+    assert!(
+        got.get("history").is_none_or(|h| h == &json!([])),
+        "a release wrote history: {got}"
+    );
+    assert_eq!(s.counts("rel").await, counts_of(&[("ready", 2)]));
+    // It keeps its place: leased first again, still attempt 1.
+    let again = s.lease("rel", json!({"max": 2})).await;
+    assert_eq!(again[0]["id"], a.as_str(), "{again:?}");
+    assert_eq!(again[1]["id"], b.as_str(), "{again:?}");
+    assert_eq!(again[0]["attempt"], 1, "{again:?}");
+    // With a delay: scheduled until then.
+    let t0 = ms(&s.message(&b).await, "updated_at");
+    let m = ok(s
+        .post(
+            &format!("/v1/messages/{b}/release"),
+            json!({"lease": lease_of(&again[1]), "delay": "1h"}),
+        )
+        .await);
+    assert_eq!(m["state"], "scheduled", "{m}");
+    let due = ms(&m, "due_at");
+    assert!((3_600_000..3_700_000).contains(&(due - t0)), "{m}");
+    ok(s.ack(&a, &lease_of(&again[0])).await);
+    let (_, metrics) = s.get_text("/metrics").await;
+    assert!(
+        metrics.contains("redrive_deliveries_total{queue=\"rel\",outcome=\"released\"} 2\n"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
+
+/// Bad release bodies are 400 naming the field, and change nothing.
+#[tokio::test]
+async fn bad_release_is_400_and_changes_nothing() {
+    let s = TestServer::fast(QUEUES).await;
+    let id = s.publish_payload("rel", json!(1)).await;
+    let l = s.lease("rel", json!({})).await.remove(0);
+    let before = s.snapshot().await;
+    let path = format!("/v1/messages/{id}/release");
+    for (body, needle) in [
+        (json!({}), "lease"),
+        (json!({"lease": lease_of(&l), "delay": "soon"}), "delay"),
+        (json!({"lease": lease_of(&l), "delay": "-1s"}), "delay"),
+        (json!({"lease": lease_of(&l), "delay": "9999d"}), "delay"),
+        (json!({"lease": lease_of(&l), "until": "1s"}), "until"),
+    ] {
+        let got = s.post(&path, body.clone()).await;
+        assert_eq!(got.0, 400, "{body}: {}", got.1);
+        let msg = got.1["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(needle), "{body}: {}", got.1);
+    }
+    assert_error(
+        &s.post(
+            &format!("/v1/messages/{}/release", unknown_id()),
+            json!({"lease": "x"}),
+        )
+        .await,
+        404,
+        "not_found",
+    );
+    assert_error(
+        &s.post(&path, json!({"lease": "bogus"})).await,
+        409,
+        "lease_mismatch",
+    );
+    assert_eq!(
+        s.snapshot().await,
+        before,
+        "a refused release changed something"
+    );
+    s.stop().await;
+}
+
+/// A consumer that releases everything it leases is no hot loop: after `max_rate_limited`
+/// uncharged releases each one counts as a failed attempt, and the message ends dead.
+#[tokio::test]
+async fn releases_past_max_rate_limited_count_and_end_dead() {
+    let s = TestServer::fast(
+        r#"
+[queues.releaser.retry]
+max_attempts = 2
+backoff = "fixed"
+initial_delay = "50ms"
+jitter = "none"
+max_rate_limited = 2
+"#,
+    )
+    .await;
+    let id = s.publish_payload("releaser", json!(1)).await;
+    let release = |l: Value| {
+        let s = &s;
+        let id = id.clone();
+        async move {
+            ok(s.post(
+                &format!("/v1/messages/{id}/release"),
+                json!({"lease": lease_of(&l)}),
+            )
+            .await)
+        }
+    };
+    for _ in 0..2 {
+        let l = s.lease_one("releaser", "5s").await;
+        assert_eq!(l["attempt"], 1);
+        let m = release(l).await;
+        assert_eq!(
+            (m["state"].as_str(), m["attempts"].as_u64()),
+            (Some("ready"), Some(0)),
+            "{m}"
+        );
+    }
+    let l = s.lease_one("releaser", "5s").await;
+    let m = release(l).await;
+    assert_eq!(
+        m["state"], "scheduled",
+        "the third release was not charged: {m}"
+    );
+    assert_eq!(m["attempts"], 1, "{m}");
+    assert_eq!(m["last_error"]["code"], "released", "{m}");
+    let l = s.lease_one("releaser", "5s").await;
+    assert_eq!(
+        (l["attempt"].as_u64(), l["max_attempts"].as_u64()),
+        (Some(2), Some(2)),
+        "{l}"
+    );
+    let m = release(l).await;
+    assert_eq!(m["state"], "dead", "{m}");
+    assert_eq!(m["dead_reason"], "max_attempts", "{m}");
+    let got = s.message(&id).await;
+    let h = got["history"].as_array().unwrap();
+    assert_eq!(h.len(), 2, "{got}");
+    assert!(h.iter().all(|e| e["error"]["code"] == "released"), "{got}");
+    s.stop().await;
+}
+
+/// SPEC §5: a leased message carries `max_attempts` beside `attempt`, so a handler knows
+/// its last try: `attempt == max_attempts` exactly when a failure makes it dead, also
+/// after a redrive (a fresh budget while the attempt numbers go on).
+#[tokio::test]
+async fn lease_says_max_attempts_and_attempt_equal_to_it_is_the_last_try() {
+    let s = TestServer::fast(QUEUES).await;
+    let id = s.publish_payload("tries", json!(1)).await;
+    for attempt in 1..=3u64 {
+        let l = s.lease_one("tries", "5s").await;
+        assert_eq!(l["attempt"], attempt, "{l}");
+        assert_eq!(l["max_attempts"], 3, "{l}");
+        let (st, m) = s
+            .nack(&id, &lease_of(&l), json!({"class": "transient"}))
+            .await;
+        assert_eq!(st, 200, "{m}");
+        assert_eq!(
+            m["state"] == "dead",
+            l["attempt"] == l["max_attempts"],
+            "{l} → {m}"
+        );
+    }
+    ok(s.post(&format!("/v1/messages/{id}/redrive"), json!({}))
+        .await);
+    let l = s.lease_one("tries", "5s").await;
+    assert_eq!(
+        (l["attempt"].as_u64(), l["max_attempts"].as_u64()),
+        (Some(4), Some(6)),
+        "{l}"
+    );
     s.stop().await;
 }

@@ -460,3 +460,48 @@ async fn idempotent_replay_after_purge_returns_original() {
     );
     s.stop().await;
 }
+
+/// Issue 15 / SPEC §5: PHP's `json_encode` turns an empty `array()` into `[]`, so a PHP
+/// publisher sends `"headers": []` for "no headers": taken as none (alone and in a batch).
+/// Any other array is still a 400 naming `headers`, and changes nothing.
+#[tokio::test]
+async fn headers_as_an_empty_array_are_no_headers() {
+    let s = TestServer::fast("").await;
+    let m = s
+        .publish("php", json!({"payload": {"a": 1}, "headers": []}))
+        .await;
+    assert_eq!(m["headers"], json!({}), "{m}");
+    let b = s
+        .publish(
+            "php",
+            json!({"messages": [{"payload": 1, "headers": []}, {"payload": 2, "headers": {"h": "v"}}]}),
+        )
+        .await;
+    assert_eq!(b["messages"][0]["headers"], json!({}), "{b}");
+    assert_eq!(b["messages"][1]["headers"], json!({"h": "v"}), "{b}");
+    let l = s.lease_one("php", "1s").await;
+    assert_eq!(l["headers"], json!({}), "{l}");
+    let before = s.snapshot().await;
+    for bad in [json!(["a"]), json!([{}]), json!([[]]), json!("h"), json!(1)] {
+        let got = s
+            .post(
+                "/v1/queues/php/messages",
+                json!({"payload": 1, "headers": bad}),
+            )
+            .await;
+        assert_error_names(&got, 400, "invalid_body", "headers");
+    }
+    let got = s
+        .post(
+            "/v1/queues/php/messages",
+            json!({"messages": [{"payload": 1, "headers": []}, {"payload": 2, "headers": ["x"]}]}),
+        )
+        .await;
+    assert_error_names(&got, 400, "invalid_body", "messages[1]");
+    assert_eq!(
+        s.snapshot().await,
+        before,
+        "a refused publish changed something"
+    );
+    s.stop().await;
+}

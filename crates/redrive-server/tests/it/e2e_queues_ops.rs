@@ -261,6 +261,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/queues/{queue}/leases", &["post"]),
     ("/v1/messages/{id}/ack", &["post"]),
     ("/v1/messages/{id}/nack", &["post"]),
+    ("/v1/messages/{id}/release", &["post"]),
     ("/v1/messages/{id}/extend", &["post"]),
     ("/v1/messages/ack", &["post"]),
     ("/v1/messages/nack", &["post"]),

@@ -13,6 +13,7 @@ mod e2e_limits;
 mod e2e_operator;
 mod e2e_ops_files;
 mod e2e_ordering;
+mod e2e_php_worker;
 mod e2e_publish;
 mod e2e_push;
 mod e2e_queues_ops;

@@ -592,7 +592,8 @@ pub async fn release_of_a_stale_lease_is_refused<S: Store>(s: Arc<S>) {
     assert_eq!(get(&*s, m.id).await.attempts, 1);
 }
 
-/// Release one lease (`token` of `id`) until `until`; the item's own answer.
+/// Release one lease (`token` of `id`) until `until`, as redrive itself does (push
+/// parking: never charged); the item's own answer.
 async fn release_one<S: Store>(
     s: &S,
     id: MessageId,
@@ -600,16 +601,425 @@ async fn release_one<S: Store>(
     until: Timestamp,
     now: Timestamp,
 ) -> Result<Message, StoreError> {
+    release_by(s, id, token, until, ReleaseBy::Redrive, now)
+        .await
+        .map(Released::into_message)
+}
+
+/// Release one lease as `by`; the item's own answer.
+async fn release_by<S: Store>(
+    s: &S,
+    id: MessageId,
+    token: &str,
+    until: Timestamp,
+    by: ReleaseBy,
+    now: Timestamp,
+) -> Result<Released, StoreError> {
     s.release(
         vec![Release {
             lease: lref(id, token),
             until,
+            by,
         }],
         now,
     )
     .await
     .expect("release request")
     .remove(0)
+}
+
+fn settled(how: Settled) -> impl Fn(&StoreError) -> bool {
+    move |e| matches!(e, StoreError::LeaseSettled(h) if *h == how)
+}
+
+fn expect_settled<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str, how: Settled) {
+    match r {
+        Err(e) if settled(how)(&e) => {
+            assert!(
+                e.to_string().contains(how.as_str()),
+                "{what}: the error does not say {}: {e}",
+                how.as_str()
+            );
+        }
+        other => panic!(
+            "{what}: expected lease_settled ({}), got {other:?}",
+            how.as_str()
+        ),
+    }
+}
+
+/// Issue 15, defect 10: a call with the token of a lease that was settled answers how it
+/// was settled (acked, nacked, released), never `lease_expired`, and changes nothing.
+pub async fn late_calls_after_a_settled_lease_say_how<S: Store>(s: Arc<S>) {
+    let transient = || failure(ErrorClass::Transient, "x");
+    // Acked: a nack, an extend and a release with its token are refused as acked (a repeated
+    // ack succeeds again: `ack_retried_with_same_token_succeeds`).
+    let a = publish(&*s, msg(Q, json!("a")), at(0)).await;
+    let la = lease_one(&*s, Q, a.id, 30_000, at(0)).await;
+    ack(&*s, a.id, &la.token, at(1)).await.expect("ack");
+    expect_settled(
+        nack(&*s, a.id, &la.token, transient(), at(2)).await,
+        "nack after ack",
+        Settled::Acked,
+    );
+    expect_settled(
+        s.extend(lref(a.id, &la.token), 10_000, at(2)).await,
+        "extend after ack",
+        Settled::Acked,
+    );
+    expect_settled(
+        release_by(&*s, a.id, &la.token, at(2), ReleaseBy::Consumer, at(2)).await,
+        "release after ack",
+        Settled::Acked,
+    );
+    assert_eq!(
+        get(&*s, a.id).await.history.len(),
+        1,
+        "a late call wrote history"
+    );
+
+    // Nacked: an ack (the case of the issue), a nack again, an extend, a release.
+    let b = publish(&*s, msg(Q, json!("b")), at(10)).await;
+    let lb = lease_one(&*s, Q, b.id, 30_000, at(10)).await;
+    nack(&*s, b.id, &lb.token, transient(), at(11))
+        .await
+        .expect("nack");
+    expect_settled(
+        ack(&*s, b.id, &lb.token, at(12)).await,
+        "ack after nack",
+        Settled::Nacked,
+    );
+    expect_settled(
+        nack(&*s, b.id, &lb.token, transient(), at(12)).await,
+        "nack after nack",
+        Settled::Nacked,
+    );
+    expect_settled(
+        s.extend(lref(b.id, &lb.token), 10_000, at(12)).await,
+        "extend after nack",
+        Settled::Nacked,
+    );
+    let got = get(&*s, b.id).await;
+    assert_eq!(
+        (got.state, got.attempts, got.history.len()),
+        (State::Scheduled, 1, 1)
+    );
+
+    // Released: by a consumer and by redrive alike.
+    for (n, by) in [(0, ReleaseBy::Consumer), (1, ReleaseBy::Redrive)] {
+        let c = publish(&*s, msg(Q, json!(["c", n])), at(20)).await;
+        let lc = lease_one(&*s, Q, c.id, 30_000, at(20)).await;
+        release_by(&*s, c.id, &lc.token, at(21), by, at(21))
+            .await
+            .expect("release");
+        expect_settled(
+            nack(&*s, c.id, &lc.token, transient(), at(22)).await,
+            "nack after release",
+            Settled::Released,
+        );
+        expect_settled(
+            ack(&*s, c.id, &lc.token, at(22)).await,
+            "ack after release",
+            Settled::Released,
+        );
+        expect_settled(
+            release_by(&*s, c.id, &lc.token, at(22), by, at(22)).await,
+            "release after release",
+            Settled::Released,
+        );
+        let got = get(&*s, c.id).await;
+        assert_eq!((got.state, got.attempts), (State::Ready, 0), "{by:?}");
+        assert!(got.history.is_empty(), "{by:?}: {:?}", got.history);
+        // Once leased again, the old token is another lease's: a mismatch.
+        let again = lease_one(&*s, Q, c.id, 30_000, at(23)).await;
+        expect_err(
+            ack(&*s, c.id, &lc.token, at(24)).await,
+            "the released token after a new lease",
+            is_mismatch,
+        );
+        ack(&*s, c.id, &again.token, at(24))
+            .await
+            .expect("ack of the new lease");
+    }
+}
+
+/// `lease_expired` is kept for leases that expired: past their expiry before the reaper
+/// ran, and after it failed the attempt.
+pub async fn ack_after_real_expiry_is_lease_expired<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
+    expect_err(
+        ack(&*s, m.id, &l.token, at(1_500)).await,
+        "ack past expiry, not reaped",
+        is_expired,
+    );
+    let t = tick(&*s, at(1_500)).await;
+    assert_eq!(t.expired.len(), 1);
+    expect_err(
+        ack(&*s, m.id, &l.token, at(1_600)).await,
+        "ack after the reaper",
+        is_expired,
+    );
+    expect_err(
+        nack(
+            &*s,
+            m.id,
+            &l.token,
+            failure(ErrorClass::Transient, "x"),
+            at(1_600),
+        )
+        .await,
+        "nack after the reaper",
+        is_expired,
+    );
+    expect_err(
+        release_by(
+            &*s,
+            m.id,
+            &l.token,
+            at(1_600),
+            ReleaseBy::Consumer,
+            at(1_600),
+        )
+        .await,
+        "release after the reaper",
+        is_expired,
+    );
+    expect_err(
+        s.extend(lref(m.id, &l.token), 1_000, at(1_600)).await,
+        "extend after the reaper",
+        is_expired,
+    );
+}
+
+/// A batch answers each item with its own reason: settled (and how), expired, mismatch.
+pub async fn batch_items_say_how_a_lease_was_settled<S: Store>(s: Arc<S>) {
+    let items: Vec<NewMessage> = (0..4).map(|i| msg(Q, json!(i))).collect();
+    s.publish(items, at(0)).await.expect("publish");
+    let ls = lease(&*s, Q, 4, 30_000, at(0)).await;
+    let (a, b, c, d) = (&ls[0], &ls[1], &ls[2], &ls[3]);
+    ack(&*s, a.message.id, &a.token, at(1))
+        .await
+        .expect("ack a");
+    nack(
+        &*s,
+        b.message.id,
+        &b.token,
+        failure(ErrorClass::Transient, "x"),
+        at(1),
+    )
+    .await
+    .expect("nack b");
+    release_by(
+        &*s,
+        c.message.id,
+        &c.token,
+        at(1),
+        ReleaseBy::Consumer,
+        at(1),
+    )
+    .await
+    .expect("release c");
+    let r = s
+        .ack(
+            vec![
+                lref(b.message.id, &b.token).into(),
+                lref(c.message.id, &c.token).into(),
+                lref(d.message.id, &d.token).into(),
+                lref(a.message.id, "bogus").into(),
+            ],
+            at(2),
+        )
+        .await
+        .expect("batch ack");
+    assert!(
+        matches!(r[0], Err(StoreError::LeaseSettled(Settled::Nacked))),
+        "{:?}",
+        r[0]
+    );
+    assert!(
+        matches!(r[1], Err(StoreError::LeaseSettled(Settled::Released))),
+        "{:?}",
+        r[1]
+    );
+    assert!(r[2].is_ok(), "{:?}", r[2]);
+    assert!(matches!(r[3], Err(StoreError::LeaseMismatch)), "{:?}", r[3]);
+    let r = s
+        .nack(
+            vec![
+                Nack {
+                    response: None,
+                    lease: lref(a.message.id, &a.token),
+                    failure: failure(ErrorClass::Transient, "x"),
+                },
+                Nack {
+                    response: None,
+                    lease: lref(d.message.id, &d.token),
+                    failure: failure(ErrorClass::Transient, "x"),
+                },
+            ],
+            at(3),
+        )
+        .await
+        .expect("batch nack");
+    assert!(
+        matches!(r[0], Err(StoreError::LeaseSettled(Settled::Acked))),
+        "{:?}",
+        r[0]
+    );
+    assert!(
+        matches!(r[1], Err(StoreError::LeaseSettled(Settled::Acked))),
+        "{:?}",
+        r[1]
+    );
+}
+
+/// A consumer's release is uncharged `max_rate_limited` times (since the publish or the
+/// last redrive); past that each one counts as a failed attempt coded `released`, waits
+/// the policy's delay and ends dead of `max_attempts`: a consumer releasing everything it
+/// leases cannot keep a message in a hot loop.
+pub async fn consumer_release_is_uncharged_up_to_max_rate_limited_then_counts<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0;
+    for n in 1..=MAX_RATE_LIMITED {
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(
+            l.attempt, 1,
+            "release {n}: an uncharged release took an attempt"
+        );
+        match release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now))
+            .await
+            .expect("release")
+        {
+            Released::Uncharged(back) => {
+                assert_eq!(
+                    (back.state, back.attempts),
+                    (State::Ready, 0),
+                    "release {n}"
+                );
+            }
+            other => panic!("release {n} of {MAX_RATE_LIMITED} was charged: {other:?}"),
+        }
+        now += 1;
+    }
+    assert!(get(&*s, m.id).await.history.is_empty());
+    // Past the bound: each release is a failed attempt.
+    for attempt in 1..=MAX_ATTEMPTS {
+        tick(&*s, at(now)).await;
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        assert_eq!(l.attempt, attempt);
+        let out = match release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now))
+            .await
+            .expect("release")
+        {
+            Released::Charged(out) => out,
+            other => panic!("release past the bound, attempt {attempt}, was uncharged: {other:?}"),
+        };
+        let got = get(&*s, m.id).await;
+        assert_eq!(got.attempts, attempt);
+        let last = got
+            .history
+            .last()
+            .expect("a charged release is in the history");
+        match &last.event {
+            HistoryEvent::Failed { error, .. } => {
+                assert_eq!(error.code.as_deref(), Some("released"));
+                assert_eq!(error.class, ErrorClass::Transient);
+            }
+            e => panic!("{e:?}"),
+        }
+        if attempt < MAX_ATTEMPTS {
+            assert_eq!(out.message.state, State::Scheduled);
+            assert_eq!(
+                out.retry_delay_ms,
+                Some(RETRY_DELAY_MS),
+                "the policy's delay"
+            );
+            assert_eq!(out.message.due_at, Some(at(now + RETRY_DELAY_MS as i64)));
+        } else {
+            assert_eq!(out.message.state, State::Dead);
+            assert_eq!(out.dead_reason, Some(DeadReason::MaxAttempts));
+        }
+        expect_settled(
+            ack(&*s, m.id, &l.token, at(now)).await,
+            "ack after a charged release",
+            Settled::Released,
+        );
+        now += RETRY_DELAY_MS as i64;
+    }
+    assert_eq!(failures(&get(&*s, m.id).await).len(), MAX_ATTEMPTS as usize);
+}
+
+/// A charged release's own `delay` holds when it is longer than the policy's.
+pub async fn charged_release_waits_its_delay_when_longer<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    for n in 0..MAX_RATE_LIMITED as i64 {
+        let l = lease_one(&*s, Q, m.id, 30_000, at(n)).await;
+        release_by(&*s, m.id, &l.token, at(n), ReleaseBy::Consumer, at(n))
+            .await
+            .expect("release");
+    }
+    let now = MAX_RATE_LIMITED as i64;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+    let until = at(now + 10_000);
+    let out = match release_by(&*s, m.id, &l.token, until, ReleaseBy::Consumer, at(now))
+        .await
+        .expect("release")
+    {
+        Released::Charged(out) => out,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(out.message.state, State::Scheduled);
+    assert_eq!(
+        out.message.due_at,
+        Some(until),
+        "the release's delay, longer than 1 s"
+    );
+    assert_eq!(out.retry_delay_ms, Some(10_000));
+    tick(&*s, at(now + 9_999)).await;
+    assert!(lease(&*s, Q, 1, 30_000, at(now + 9_999)).await.is_empty());
+}
+
+/// Releases by redrive itself (push parking) are never bounded, and a redrive gives a
+/// consumer a fresh bound of uncharged releases.
+pub async fn redrive_renews_the_release_bound<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0;
+    for _ in 0..(MAX_RATE_LIMITED * 3) {
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        release_one(&*s, m.id, &l.token, at(now), at(now))
+            .await
+            .expect("redrive's own release");
+        now += 1;
+    }
+    assert_eq!(
+        get(&*s, m.id).await.attempts,
+        0,
+        "a parked message was charged"
+    );
+    for _ in 0..MAX_RATE_LIMITED {
+        let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+        release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now))
+            .await
+            .expect("release");
+        now += 1;
+    }
+    // The next one counts; kill it and redrive it: the bound is fresh again.
+    let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+    assert!(matches!(
+        release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now)).await,
+        Ok(Released::Charged(_))
+    ));
+    s.kill(m.id, None, at(now)).await.expect("kill");
+    s.redrive(m.id, at(now)).await.expect("redrive");
+    let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
+    assert!(
+        matches!(
+            release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now)).await,
+            Ok(Released::Uncharged(_))
+        ),
+        "a redrive did not renew the bound of uncharged releases"
+    );
 }
 
 async fn return_one<S: Store>(

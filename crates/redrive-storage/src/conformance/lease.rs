@@ -192,3 +192,78 @@ pub async fn extend_moves_expiry<S: Store>(s: Arc<S>) {
         .expect("ack inside the extended lease");
     assert_eq!(get(&*s, m.id).await.state, State::Done);
 }
+
+/// Issue 15: a lease says which attempt is the last try (`attempt == max_attempts`): a
+/// counted failure of that attempt makes the message dead, of none before it. After a
+/// redrive (a fresh budget, the attempt numbers going on) and after uncharged rate limits
+/// it moves on with them.
+pub async fn lease_max_attempts_is_the_last_try<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let mut now = 0;
+    let lease_at = |now: i64| {
+        let s = s.clone();
+        async move {
+            tick(&*s, at(now)).await;
+            lease_one(&*s, Q, m.id, 30_000, at(now)).await
+        }
+    };
+    for attempt in 1..=MAX_ATTEMPTS {
+        let l = lease_at(now).await;
+        assert_eq!((l.attempt, l.max_attempts), (attempt, MAX_ATTEMPTS));
+        let out = nack(
+            &*s,
+            m.id,
+            &l.token,
+            failure(ErrorClass::Transient, "x"),
+            at(now),
+        )
+        .await
+        .expect("nack");
+        assert_eq!(
+            out.message.state == State::Dead,
+            l.attempt == l.max_attempts,
+            "attempt {attempt} of {}: {:?}",
+            l.max_attempts,
+            out.message.state
+        );
+        now += RETRY_DELAY_MS as i64;
+    }
+    // A redrive: attempt 4 is the first of a fresh budget of 3, so 6 is the last try.
+    s.redrive(m.id, at(now)).await.expect("redrive");
+    let l = lease_at(now).await;
+    assert_eq!((l.attempt, l.max_attempts), (4, 6));
+    // An uncharged rate limit moves the last try one further.
+    let mut limited = failure(ErrorClass::RateLimited, "429");
+    limited.retry_after_ms = Some(RETRY_DELAY_MS);
+    nack(&*s, m.id, &l.token, limited, at(now))
+        .await
+        .expect("nack");
+    now += RETRY_DELAY_MS as i64;
+    let l = lease_at(now).await;
+    assert_eq!((l.attempt, l.max_attempts), (5, 7));
+    for attempt in 5..=7 {
+        if attempt > 5 {
+            now += RETRY_DELAY_MS as i64;
+        }
+        let l = if attempt == 5 {
+            l.clone()
+        } else {
+            lease_at(now).await
+        };
+        assert_eq!((l.attempt, l.max_attempts), (attempt, 7));
+        let out = nack(
+            &*s,
+            m.id,
+            &l.token,
+            failure(ErrorClass::Transient, "x"),
+            at(now),
+        )
+        .await
+        .expect("nack");
+        assert_eq!(
+            out.message.state == State::Dead,
+            attempt == 7,
+            "attempt {attempt}"
+        );
+    }
+}

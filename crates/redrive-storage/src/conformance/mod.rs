@@ -53,7 +53,7 @@ pub use helpers::at;
 
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats,
-    Release, Returned, Store, StoreError,
+    Release, ReleaseBy, Released, Returned, Settled, Store, StoreError,
 };
 use redrive_core::{
     Backoff, DeadReason, ErrorClass, Failure, HistoryEvent, Jitter, Message, MessageId, NewMessage,
@@ -220,6 +220,7 @@ macro_rules! conformance_tests {
                 wrong_token_is_lease_mismatch,
                 expired_lease_is_refused,
                 extend_moves_expiry,
+                lease_max_attempts_is_the_last_try,
             ],
             ack_nack: [
                 ack_retried_with_same_token_succeeds,
@@ -235,6 +236,12 @@ macro_rules! conformance_tests {
                 release_takes_the_attempt_back,
                 release_until_later_schedules,
                 release_of_a_stale_lease_is_refused,
+                late_calls_after_a_settled_lease_say_how,
+                ack_after_real_expiry_is_lease_expired,
+                batch_items_say_how_a_lease_was_settled,
+                consumer_release_is_uncharged_up_to_max_rate_limited_then_counts,
+                charged_release_waits_its_delay_when_longer,
+                redrive_renews_the_release_bound,
                 returned_fails_the_delivered_attempt_once,
                 returned_before_the_ack_wins_over_it,
                 returned_until_dead,
@@ -245,7 +252,7 @@ macro_rules! conformance_tests {
                 redrive_needs_dead_or_scheduled,
                 redrive_restarts_max_age_window,
                 kill_makes_dead_killed,
-                killed_lease_token_is_expired,
+                killed_lease_token_is_lease_settled_killed,
                 delete_removes_message,
                 unknown_id_is_not_found,
             ],

@@ -174,16 +174,19 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
     assert_eq!(r.state, State::Ready);
 }
 
-pub async fn killed_lease_token_is_expired<S: Store>(s: Arc<S>) {
+/// A leased message an operator killed: its consumer's late ack, nack or extend is refused
+/// as settled by the kill (issue 15: it used to say `lease_expired`, and it had not).
+pub async fn killed_lease_token_is_lease_settled_killed<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
     s.kill(m.id, None, at(1))
         .await
         .expect("kill of a leased message");
+    let killed = |e: &StoreError| matches!(e, StoreError::LeaseSettled(Settled::Killed));
     expect_err(
         ack(&*s, m.id, &l.token, at(2)).await,
         "ack of a killed message",
-        is_expired,
+        killed,
     );
     expect_err(
         nack(
@@ -195,12 +198,12 @@ pub async fn killed_lease_token_is_expired<S: Store>(s: Arc<S>) {
         )
         .await,
         "nack of a killed message",
-        is_expired,
+        killed,
     );
     expect_err(
         s.extend(lref(m.id, &l.token), 1_000, at(2)).await,
         "extend of a killed message",
-        is_expired,
+        killed,
     );
     let t = tick(&*s, at(30_000)).await;
     assert!(

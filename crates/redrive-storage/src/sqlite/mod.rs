@@ -25,8 +25,8 @@ mod transitions;
 use crate::store::CommitStats;
 use crate::{
     Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
-    NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Returned, Store, StoreError,
-    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Released, Returned, Store,
+    StoreError, TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
@@ -383,11 +383,16 @@ impl Store for SqliteStore {
         &self,
         items: Vec<Release>,
         now: Timestamp,
-    ) -> Result<Vec<Result<Message, StoreError>>, StoreError> {
+    ) -> Result<Vec<Result<Released, StoreError>>, StoreError> {
         // Synced like a nack: a release lost in a crash would leave the lease to expire and
         // charge the attempt it was meant to take back.
-        self.write(move |w| Ok(items.iter().map(|r| w.release(r, now)).collect()))
-            .await
+        let rows: Vec<_> = self
+            .write(move |w| Ok(items.iter().map(|r| w.release(r, now)).collect()))
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| r.and_then(transitions::ReleasedRow::into_released))
+            .collect())
     }
 
     async fn returned(

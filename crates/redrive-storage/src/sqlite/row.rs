@@ -32,6 +32,13 @@ pub struct Row {
     pub window_start: Option<i64>,
     /// Push delivery: the message's own endpoint URL.
     pub target_url: Option<String>,
+    /// How the lease of `lease_token` ended, once it has (schema v7): `acked`, `nacked`,
+    /// `released`, `expired` or `killed`; `None` while it is live, before any lease, and
+    /// on rows whose lease ended before the upgrade to v7.
+    pub lease_end: Option<String>,
+    /// Consumer releases left uncharged since the publish or the last redrive (schema v7),
+    /// compared with the policy's `max_rate_limited`.
+    pub released: u32,
 }
 
 /// A `state` column holding a code no [`State`] has: a newer redrive wrote it, or the
@@ -81,6 +88,8 @@ impl Row {
             last_error: r.get(21)?,
             window_start: r.get(22)?,
             target_url: r.get(23)?,
+            lease_end: r.get(24)?,
+            released: r.get(25)?,
         })
     }
 

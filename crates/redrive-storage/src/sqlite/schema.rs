@@ -60,7 +60,13 @@ use rusqlite::Connection;
 /// - 5: `messages.target_url` (push delivery's per-message target).
 /// - 6: the `tasks` and `audit` tables (bulk tasks and the audit log of the console); new
 ///   tables only, created by [`SCHEMA`].
-pub const SCHEMA_VERSION: i64 = 6;
+/// - 7: `messages.lease_end` (how the lease of `lease_token` ended: `acked`, `nacked`,
+///   `released`, `expired`, `killed`; so a late call with that token answers 409
+///   `lease_settled` saying how, and `lease_expired` only when it expired) and
+///   `messages.released` (a consumer's uncharged releases, bounded by `max_rate_limited`).
+///   Rows from before have `lease_end` NULL: `transitions.rs::legacy_lease_end` tells how
+///   their last lease ended from the row and its history, when a token asks.
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The steps from each older version to the next: `(from, SQL)`. Each step only adds
 /// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
@@ -79,6 +85,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (3, "DROP INDEX IF EXISTS ix_key_leased;"),
     (4, "ALTER TABLE messages ADD COLUMN target_url TEXT;"),
+    (
+        6,
+        "ALTER TABLE messages ADD COLUMN lease_end TEXT; \
+         ALTER TABLE messages ADD COLUMN released INTEGER NOT NULL DEFAULT 0;",
+    ),
 ];
 
 const SCHEMA: &str = r#"
@@ -110,7 +121,9 @@ CREATE TABLE IF NOT EXISTS messages (
   history           TEXT NOT NULL DEFAULT '[]',
   window_start      INTEGER,
   key_order         INTEGER,
-  target_url        TEXT
+  target_url        TEXT,
+  lease_end         TEXT,
+  released          INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ix_ready ON messages(queue, priority DESC, due_at, seq) WHERE state = 1 AND key_order IS NOT 1;
 CREATE INDEX IF NOT EXISTS ix_ready_blocked ON messages(queue, due_at) WHERE state = 1 AND key_order = 1;
@@ -213,7 +226,8 @@ macro_rules! columns {
     () => {
         "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, \
          headers, attempts, budget_base, uncounted, prev_delay_ms, created_at, updated_at, lease_token, \
-         leased_at, lease_expires_at, finished_at, dead_reason, last_error, window_start, target_url"
+         leased_at, lease_expires_at, finished_at, dead_reason, last_error, window_start, target_url, \
+         lease_end, released"
     };
 }
 pub(crate) use columns;
@@ -222,4 +236,4 @@ pub(crate) use columns;
 pub const COLUMNS: &str = columns!();
 
 /// The index of `history` when a query selects it right after [`columns!`].
-pub const HISTORY_COLUMN: usize = 24;
+pub const HISTORY_COLUMN: usize = 26;

@@ -14,7 +14,7 @@ use super::schema::columns;
 use super::sql_error::SqlResultExt;
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    Release, Returned, StoreError, TickOutcome,
+    Release, ReleaseBy, Released, Returned, Settled, StoreError, TickOutcome,
 };
 use redrive_core::{
     fnv1a, AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry,
@@ -33,6 +33,7 @@ pub struct LeasedRow {
     row: Row,
     expires_at: Timestamp,
     lateness_ms: i64,
+    max_attempts: u32,
 }
 
 impl LeasedRow {
@@ -41,6 +42,7 @@ impl LeasedRow {
         Ok(Leased {
             message: self.row.to_message(None)?,
             attempt: self.row.attempts,
+            max_attempts: self.max_attempts,
             token: self.row.lease_token.unwrap_or_default(),
             expires_at: self.expires_at,
             lateness_ms: self.lateness_ms,
@@ -71,6 +73,75 @@ pub struct FailedRow {
     row: Row,
     class: redrive_core::ErrorClass,
     retry_delay_ms: Option<u64>,
+}
+
+/// A release as the writer made it (see [`LeasedRow`]).
+#[derive(Debug)]
+pub enum ReleasedRow {
+    /// Handed back uncharged.
+    Uncharged(Row),
+    /// Charged: a failed attempt.
+    Charged(FailedRow),
+}
+
+impl ReleasedRow {
+    /// The release as the store's answer.
+    pub fn into_released(self) -> Result<Released, StoreError> {
+        Ok(match self {
+            ReleasedRow::Uncharged(row) => Released::Uncharged(row.to_message(None)?),
+            ReleasedRow::Charged(f) => Released::Charged(f.into_outcome()?),
+        })
+    }
+}
+
+/// How a lease ends, as `messages.lease_end` stores it (schema v7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseEnd {
+    /// Settled before it could expire.
+    Settled(Settled),
+    /// Expired (the reaper failed the attempt).
+    Expired,
+}
+
+impl LeaseEnd {
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseEnd::Settled(s) => s.as_str(),
+            LeaseEnd::Expired => "expired",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "expired" => Some(LeaseEnd::Expired),
+            other => Settled::parse(other).map(LeaseEnd::Settled),
+        }
+    }
+
+    /// The error for a call with the token of a lease that ended this way.
+    fn error(self) -> StoreError {
+        match self {
+            LeaseEnd::Settled(s) => StoreError::LeaseSettled(s),
+            LeaseEnd::Expired => StoreError::LeaseExpired,
+        }
+    }
+}
+
+/// What a failed attempt also records: how its lease ended (when it was leased), and a
+/// time before which its retry may not fall (a charged release's own `delay`).
+#[derive(Debug, Clone, Copy, Default)]
+struct AttemptEnd {
+    lease_end: Option<LeaseEnd>,
+    not_before: Option<Timestamp>,
+}
+
+impl AttemptEnd {
+    fn lease(end: LeaseEnd) -> Self {
+        Self {
+            lease_end: Some(end),
+            not_before: None,
+        }
+    }
 }
 
 impl FailedRow {
@@ -366,12 +437,14 @@ impl WriterState {
                 last_error: None,
                 window_start: None,
                 target_url: item.target_url.clone(),
+                lease_end: None,
+                released: 0,
             };
             let mut history = Vec::new();
             let mut failure_outcome = None;
             if let Some(failure) = &item.failed {
                 row.attempts = item.attempts_before.saturating_add(1);
-                let (entry, class) = self.decide_into(&mut row, failure, now)?;
+                let (entry, class) = self.decide_into(&mut row, failure, None, now)?;
                 history.push(entry);
                 failure_outcome = Some(class);
             }
@@ -466,10 +539,14 @@ impl WriterState {
 
     /// Apply the policy's decision for `failure` to `row` in memory; return the history
     /// entry and (class, chosen delay).
+    ///
+    /// With `not_before`, a retry is due no earlier than it (a charged release's `delay`),
+    /// and dead of `max_age` when that falls past the window.
     fn decide_into(
         &mut self,
         row: &mut Row,
         failure: &Failure,
+        not_before: Option<Timestamp>,
         now: Timestamp,
     ) -> Result<(HistoryEntry, (redrive_core::ErrorClass, Option<u64>)), StoreError> {
         let settings = self.catalog.get(&row.queue);
@@ -480,7 +557,28 @@ impl WriterState {
             prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
             uncharged_rate_limited: row.uncounted,
         };
-        let decision = settings.retry.decide(&ctx, failure, &mut self.rng);
+        let mut decision = settings.retry.decide(&ctx, failure, &mut self.rng);
+        if let (
+            Decision::Retry {
+                due_at, counted, ..
+            },
+            Some(later),
+        ) = (decision, not_before)
+        {
+            if later > due_at {
+                decision = if later > ctx.window_start.plus_ms(settings.retry.max_age_ms) {
+                    Decision::Dead {
+                        reason: DeadReason::MaxAge,
+                    }
+                } else {
+                    Decision::Retry {
+                        delay_ms: (later.as_millis() - now.as_millis()).max(0) as u64,
+                        due_at: later,
+                        counted,
+                    }
+                };
+            }
+        }
         let error = LastError {
             class: failure.class,
             message: failure.message.clone(),
@@ -540,16 +638,21 @@ impl WriterState {
         mut row: Row,
         failure: &Failure,
         response: Option<&AttemptResponse>,
+        end: AttemptEnd,
         now: Timestamp,
     ) -> Result<FailedRow, StoreError> {
         let from = row.state;
-        let (mut entry, (class, delay)) = self.decide_into(&mut row, failure, now)?;
+        let (mut entry, (class, delay)) =
+            self.decide_into(&mut row, failure, end.not_before, now)?;
         entry.response = response.cloned();
+        if let Some(e) = end.lease_end {
+            row.lease_end = Some(e.as_str().to_owned());
+        }
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
                  finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
-                 history = json_insert(history, '$[#]', json(?11)) WHERE seq = ?1",
+                 history = json_insert(history, '$[#]', json(?11)), lease_end = ?12 WHERE seq = ?1",
             ).db()?
             .execute(params![
                 row.seq,
@@ -563,6 +666,7 @@ impl WriterState {
                 failure.class.as_str(),
                 row.last_error,
                 serde_json::to_string(&entry)?,
+                row.lease_end,
             ]).db()?;
         self.moved(&row.queue, Some(from), Some(row.state));
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
@@ -589,6 +693,7 @@ impl WriterState {
             _ => req.max.max(1),
         };
         let expires = now.plus_ms(req.lease_ms);
+        let policy_max = self.catalog.get(&req.queue).retry.max_attempts;
         let nonce = format!("{:016x}", self.rng.next_u64() ^ self.epoch);
         let mut rows: Vec<Row> = self
             .conn
@@ -612,10 +717,16 @@ impl WriterState {
         for row in rows {
             let lateness_ms = now.as_millis() - row.due_at.unwrap_or(now.as_millis());
             self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
+            // The attempt number of the last try: this one plus what is left of the budget
+            // (a redrive's fresh budget and uncharged attempts move it past the policy's).
+            let max_attempts = row
+                .attempts
+                .saturating_add(policy_max.saturating_sub(row.counted_attempts()));
             out.push(LeasedRow {
                 row,
                 expires_at: expires,
                 lateness_ms,
+                max_attempts,
             });
         }
         if !out.is_empty() {
@@ -655,8 +766,72 @@ impl WriterState {
     /// The row of a lease, if `lease` is the message's live lease.
     fn leased_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Row, StoreError> {
         let row = self.row_by_id(&lease.id)?;
-        check_lease(&row, &lease.token, now)?;
+        self.check_lease(&row, &lease.token, now)?;
         Ok(row)
+    }
+
+    /// Is `token` the live lease of `row` at `now`? If not, why: another token
+    /// (`LeaseMismatch`), or how this token's lease ended (`LeaseSettled`, `LeaseExpired`).
+    fn check_lease(&self, row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError> {
+        if row.lease_token.as_deref() != Some(token) {
+            return Err(StoreError::LeaseMismatch);
+        }
+        if row.state == State::Leased {
+            if row.lease_expires_at.is_none_or(|e| e <= now.as_millis()) {
+                return Err(StoreError::LeaseExpired); // not reaped yet
+            }
+            return Ok(());
+        }
+        let end = match row.lease_end.as_deref() {
+            Some(e) => LeaseEnd::parse(e).ok_or_else(|| {
+                StoreError::Backend(format!("messages.lease_end {e:?} is not a known lease end"))
+            })?,
+            None => self.legacy_lease_end(row)?,
+        };
+        Err(end.error())
+    }
+
+    /// How the last lease of a row from before schema v7 ended (its `lease_end` is NULL),
+    /// told from the row and its history: done → acked; the attempt taken back → released;
+    /// else the history's entry for that attempt (a failure coded `lease_expired` →
+    /// expired, another failure → nacked, a kill → killed). Only read for a late call's
+    /// error, so it costs nothing on the way of a live lease.
+    fn legacy_lease_end(&self, row: &Row) -> Result<LeaseEnd, StoreError> {
+        if row.state == State::Done {
+            return Ok(LeaseEnd::Settled(Settled::Acked));
+        }
+        let token_attempt = row
+            .lease_token
+            .as_deref()
+            .and_then(|t| t.split_once('-'))
+            .and_then(|(n, _)| n.parse::<u32>().ok());
+        if token_attempt.is_some_and(|n| n > row.attempts) {
+            return Ok(LeaseEnd::Settled(Settled::Released));
+        }
+        let history: String = self
+            .conn
+            .prepare_cached("SELECT history FROM messages WHERE seq = ?1")
+            .db()?
+            .query_row([row.seq], |r| r.get(0))
+            .db()?;
+        let history: Vec<HistoryEntry> = serde_json::from_str(&history)?;
+        let end = history
+            .iter()
+            .rev()
+            .filter(|h| h.attempt == row.attempts)
+            .find_map(|h| match &h.event {
+                HistoryEvent::Failed { error, .. }
+                    if error.code.as_deref() == Some("lease_expired") =>
+                {
+                    Some(LeaseEnd::Expired)
+                }
+                HistoryEvent::Failed { .. } => Some(LeaseEnd::Settled(Settled::Nacked)),
+                HistoryEvent::Killed { .. } => Some(LeaseEnd::Settled(Settled::Killed)),
+                HistoryEvent::Acked => Some(LeaseEnd::Settled(Settled::Acked)),
+                _ => None,
+            });
+        // Nothing says otherwise: what every late call was told before v7.
+        Ok(end.unwrap_or(LeaseEnd::Expired))
     }
 
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
@@ -671,7 +846,7 @@ impl WriterState {
         let fast: Option<Row> = self
             .conn
             .prepare_cached(concat!(
-                "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, \
+                "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
                  history = json_insert(history, '$[#]', json_patch(json_object('attempt', attempts, 'at', ?4, \
                    'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch'), \
                    'event', 'acked'), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
@@ -700,7 +875,7 @@ impl WriterState {
                 repeated: true, // a retried ack
             });
         }
-        check_lease(&row, &lease.token, now)?;
+        self.check_lease(&row, &lease.token, now)?;
         Err(StoreError::Backend(format!(
             "ack of {} matched no row although its lease is live",
             lease.id
@@ -709,7 +884,8 @@ impl WriterState {
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
-        self.fail_attempt(row, &nack.failure, nack.response.as_ref(), now)
+        let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
+        self.fail_attempt(row, &nack.failure, nack.response.as_ref(), end, now)
     }
 
     /// A delivered attempt came back failed: apply the failure to its `done` (or still
@@ -723,15 +899,42 @@ impl WriterState {
         if !matches!(row.state, State::Done | State::Leased) || row.attempts != ret.attempt {
             return Ok(None);
         }
-        // Back from done: it is not finished any more (dead sets it again).
+        // Back from done: it is not finished any more (dead sets it again). A leased one's
+        // lease ends here, failed; a done one's was acked and stays so.
+        let end = match row.state {
+            State::Leased => AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked)),
+            _ => AttemptEnd::default(),
+        };
         row.finished_at = None;
-        self.fail_attempt(row, &ret.failure, None, now).map(Some)
+        self.fail_attempt(row, &ret.failure, None, end, now)
+            .map(Some)
     }
 
     /// Hand a leased message back unattempted: `ready` (due time kept, so it keeps its
-    /// place) or `scheduled` until `until`, with the lease's attempt taken back.
-    pub fn release(&mut self, release: &Release, now: Timestamp) -> Result<Message, StoreError> {
+    /// place) or `scheduled` until `until`, with the lease's attempt taken back. A
+    /// consumer's release past its bound (`max_rate_limited` uncharged ones since the
+    /// publish or the last redrive) is a failed attempt instead (see [`ReleaseBy`]).
+    pub fn release(
+        &mut self,
+        release: &Release,
+        now: Timestamp,
+    ) -> Result<ReleasedRow, StoreError> {
         let mut row = self.leased_row(&release.lease, now)?;
+        let ended = LeaseEnd::Settled(Settled::Released);
+        if release.by == ReleaseBy::Consumer {
+            let bound = self.catalog.get(&row.queue).retry.max_rate_limited;
+            if row.released >= bound {
+                let failure = Failure::released_past_bound(bound);
+                let end = AttemptEnd {
+                    lease_end: Some(ended),
+                    not_before: Some(release.until),
+                };
+                return self
+                    .fail_attempt(row, &failure, None, end, now)
+                    .map(ReleasedRow::Charged);
+            }
+            row.released += 1;
+        }
         let from = row.state;
         if release.until > now {
             row.state = State::Scheduled;
@@ -741,10 +944,11 @@ impl WriterState {
         }
         row.attempts = row.attempts.saturating_sub(1);
         row.updated_at = now.as_millis();
+        row.lease_end = Some(ended.as_str().to_owned());
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, attempts = ?4, updated_at = ?5, \
-                 lease_expires_at = NULL WHERE seq = ?1",
+                 lease_expires_at = NULL, lease_end = ?6, released = ?7 WHERE seq = ?1",
             )
             .db()?
             .execute(params![
@@ -752,7 +956,9 @@ impl WriterState {
                 row.state.code(),
                 row.due_at,
                 row.attempts,
-                row.updated_at
+                row.updated_at,
+                row.lease_end,
+                row.released,
             ])
             .db()?;
         row.lease_expires_at = None;
@@ -763,7 +969,7 @@ impl WriterState {
                 self.wake_at(d);
             }
         }
-        row.to_message(None)
+        Ok(ReleasedRow::Uncharged(row))
     }
 
     pub fn extend(
@@ -804,7 +1010,7 @@ impl WriterState {
         }
         self.conn
             .prepare_cached(
-                "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, \
+                "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, released = 0, \
                  prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL, window_start = ?2 WHERE seq = ?1",
             ).db()?
             .execute(params![row.seq, now.as_millis()]).db()?;
@@ -847,7 +1053,8 @@ impl WriterState {
         }
         self.conn
             .prepare_cached(
-                "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3 WHERE seq = ?1",
+                "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3, \
+                 lease_end = CASE WHEN state = 2 THEN 'killed' ELSE lease_end END WHERE seq = ?1",
             ).db()?
             .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()]).db()?;
         let entry = HistoryEntry {
@@ -932,7 +1139,13 @@ impl WriterState {
         let lease_expired = Failure::lease_expired();
         for row in expired_rows {
             let outcome = self
-                .fail_attempt(row, &lease_expired, None, now)?
+                .fail_attempt(
+                    row,
+                    &lease_expired,
+                    None,
+                    AttemptEnd::lease(LeaseEnd::Expired),
+                    now,
+                )?
                 .into_outcome()?;
             if outcome.message.state == State::Ready
                 && !ready_queues.contains(&outcome.message.queue)
@@ -1046,7 +1259,7 @@ pub(crate) fn lease_sql(mode: Mode) -> &'static str {
             concat!(
                 "UPDATE messages SET state = 2, attempts = attempts + 1, \
                  lease_token = (attempts + 1) || '-' || ?3, leased_at = ?4, lease_expires_at = ?5, \
-                 updated_at = ?4", $set, " WHERE seq IN (SELECT seq FROM messages WHERE queue = ?1 \
+                 lease_end = NULL, updated_at = ?4", $set, " WHERE seq IN (SELECT seq FROM messages WHERE queue = ?1 \
                  AND state = 1 AND key_order IS NOT 1 ORDER BY priority DESC, due_at, seq LIMIT ?2) \
                  RETURNING ", columns!()
             )
@@ -1058,15 +1271,4 @@ pub(crate) fn lease_sql(mode: Mode) -> &'static str {
             lease_sql!(", key_order = CASE WHEN key_order IS NULL THEN NULL ELSE 1 END")
         }
     }
-}
-
-/// Is `token` the live lease of `row` at `now`?
-fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError> {
-    if row.lease_token.as_deref() != Some(token) {
-        return Err(StoreError::LeaseMismatch);
-    }
-    if row.state != State::Leased || row.lease_expires_at.is_none_or(|e| e <= now.as_millis()) {
-        return Err(StoreError::LeaseExpired);
-    }
-    Ok(())
 }

@@ -607,6 +607,7 @@ mod tests {
             status: 404,
             code: "not_found".into(),
             message: "no message 01J".into(),
+            settled: None,
         });
         assert_eq!(api.to_string(), "not_found: no message 01J");
         let code = |e: &anyhow::Error| e.downcast_ref::<CliError>().map(CliError::exit_code);

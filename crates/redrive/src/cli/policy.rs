@@ -287,6 +287,7 @@ mod tests {
         let p = RetryPolicyConfig {
             backoff: Some(Backoff::Fixed),
             initial_delay: Some(redrive_core::DurationMs(5_000)),
+            max_delay: Some(redrive_core::DurationMs(900_000)),
             jitter: Some(Jitter::None),
             max_attempts: Some(3),
             ..Default::default()
@@ -336,16 +337,23 @@ attempt  delay before it  cumulative
     fn default_policy_shows_ranges() {
         let p = RetryPolicy::default();
         let text = render("built-in default", &p, &p.explain());
-        assert!(text.contains("      2  0s – 1s"), "{text}");
+        assert!(text.contains("      2  500ms – 1s"), "{text}");
         assert!(
-            text.contains("exponential backoff from 1s × 2, capped at 15m, full jitter"),
+            text.contains(
+                "exponential backoff from 1s × 2, capped at 1h, equal jitter; at most 20 attempts"
+            ),
             "{text}"
         );
         assert_eq!(
             text.lines()
                 .filter(|l| l.trim_start().starts_with(char::is_numeric))
                 .count(),
-            8
+            20
+        );
+        // SPEC §3: at least 4 h of retries whatever the jitter draws, about 8 h without.
+        assert!(
+            text.contains("     20  30m – 1h         4h 4m 7s 500ms – 8h 8m 15s"),
+            "{text}"
         );
     }
 }

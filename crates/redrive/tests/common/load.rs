@@ -57,6 +57,7 @@ impl Load {
                 status,
                 code,
                 message,
+                ..
             } => {
                 // The body as the server sent it: its JSON error, or (code `http_<status>`,
                 // a body that was not one) no JSON error at all.

@@ -34,7 +34,10 @@ pub struct PublishItem {
     /// Any JSON value.
     #[schema(value_type = Object)]
     pub payload: Option<serde_json::Value>,
-    /// String headers.
+    /// String headers. `[]` counts as none (PHP's `json_encode` of an empty array); any
+    /// other array is refused.
+    #[serde(default, deserialize_with = "headers_or_empty_array")]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
     pub headers: Option<BTreeMap<String, String>>,
     /// Ordering / partition key.
     pub key: Option<String>,
@@ -53,6 +56,48 @@ pub struct PublishItem {
     /// characters), used instead of the queue's `url`. Only on a push queue with
     /// `allow_message_targets = true`.
     pub target_url: Option<String>,
+}
+
+/// `headers`: a map of strings, `null`, or an empty array taken as no headers — what PHP's
+/// `json_encode` makes of an empty `array()` / `[]`, since PHP has one type for lists and
+/// maps (issue 15). A non-empty array is still a 400: its items have no names.
+fn headers_or_empty_array<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Headers;
+    impl<'de> serde::de::Visitor<'de> for Headers {
+        type Value = Option<BTreeMap<String, String>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of strings (an empty array [] counts as no headers)")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            BTreeMap::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            match seq.next_element::<serde::de::IgnoredAny>()? {
+                None => Ok(None),
+                Some(_) => Err(serde::de::Error::invalid_type(
+                    serde::de::Unexpected::Seq,
+                    &"a map of strings (only an empty array [] is taken, as no headers)",
+                )),
+            }
+        }
+    }
+    d.deserialize_any(Headers)
 }
 
 /// A batch publish: all or nothing.

@@ -372,7 +372,12 @@ async fn republish_loop(
                         .republish_refused
                         .fetch_add(1, Ordering::Relaxed);
                     let until = engine.clock().now().plus_ms(1_000);
-                    let _ = engine.release(vec![Release { lease, until }]).await;
+                    let release = Release {
+                        lease,
+                        until,
+                        by: redrive_storage::ReleaseBy::Redrive,
+                    };
+                    let _ = engine.release(vec![release]).await;
                     return Err(e);
                 }
             }
