@@ -192,7 +192,7 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
         Command::Queues(args) => queues(&api, &args).await,
         Command::Tasks { command } => super::tasks::run(&api, command).await,
         Command::Audit(args) => super::tasks::audit(&api, &args).await,
-        Command::Serve(_) | Command::Policy { .. } | Command::Bench(_) => {
+        Command::Serve(_) | Command::Backup(_) | Command::Policy { .. } | Command::Bench(_) => {
             anyhow::bail!("internal: not a client command")
         }
     }
