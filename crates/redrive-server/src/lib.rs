@@ -171,7 +171,24 @@ impl Server {
             listener,
             addr,
         } = self;
-        tracing::info!(%addr, data_dir = %config.data_dir.display(), durability = ?config.durability, "redrive listening");
+        // The start-up line (SPEC §6): where it listens, which store and where, the console,
+        // and the queues the configuration names (`[queues.default]` is the settings of every
+        // other queue, each created on first use).
+        let queues: Vec<&str> = config
+            .queues
+            .keys()
+            .map(String::as_str)
+            .filter(|q| *q != "default")
+            .collect();
+        tracing::info!(
+            %addr,
+            store = %"sqlite",
+            data_dir = %config.data_dir.display(),
+            durability = ?config.durability,
+            console = %console_url(addr),
+            queues = ?queues,
+            "redrive listening"
+        );
         let background = engine.clone().start();
         let app = api::router(engine.clone(), metrics, Arc::new(config.clone()));
         let grace = std::time::Duration::from_millis(config.shutdown_grace.ms());
@@ -203,24 +220,73 @@ impl Server {
     }
 }
 
+/// The console's URL for a server bound to `addr`: a wildcard address (`0.0.0.0`, `::`) is
+/// shown as the loopback address of its family, which reaches it from the same machine.
+pub fn console_url(addr: std::net::SocketAddr) -> String {
+    let mut shown = addr;
+    if addr.ip().is_unspecified() {
+        shown.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    format!("http://{shown}/ui")
+}
+
 /// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+///
+/// The handlers are installed when this is called (inside a Tokio runtime), not when the
+/// future is first polled: [`serve`] calls it before opening the store, so a SIGTERM that
+/// arrives while the server starts, or right after its start-up line, is a graceful stop
+/// instead of the signal's default action (the process killed on the spot).
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(term) => {},
+                _ = wait(int) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_url;
+
+    #[test]
+    fn console_url_shows_a_wildcard_address_as_loopback() {
+        assert_eq!(
+            console_url("127.0.0.1:7070".parse().unwrap()),
+            "http://127.0.0.1:7070/ui"
+        );
+        assert_eq!(
+            console_url("0.0.0.0:8080".parse().unwrap()),
+            "http://127.0.0.1:8080/ui"
+        );
+        assert_eq!(
+            console_url("[::]:7070".parse().unwrap()),
+            "http://[::1]:7070/ui"
+        );
+        assert_eq!(
+            console_url("10.1.2.3:7070".parse().unwrap()),
+            "http://10.1.2.3:7070/ui"
+        );
     }
 }

@@ -77,6 +77,21 @@ pub enum StoreError {
     /// An unexpected backend error. Logged; tell the client 500 without the details.
     #[error("storage backend error: {0}")]
     Backend(String),
+    /// At open: another store (another `redrive serve`, or another open in this process)
+    /// holds the data directory's lock, and only one may use a directory. Nothing was
+    /// opened or changed. Stop the other one, or use another directory.
+    #[error(
+        "{lock} is locked by {holder}: another redrive is using this data directory; \
+         stop it, or give this one another data directory",
+        lock = .lock.display(),
+        holder = match .pid { Some(pid) => format!("PID {pid}"), None => "a process that has not written its PID".to_owned() }
+    )]
+    DataDirLocked {
+        /// The lock file.
+        lock: std::path::PathBuf,
+        /// The PID the holder wrote into it, if there is one to read.
+        pid: Option<u32>,
+    },
 }
 
 impl From<serde_json::Error> for StoreError {

@@ -37,7 +37,8 @@ pub use ops::{
     TaskTransition,
 };
 pub use sqlite::{
-    Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,
+    BackupError, BackupReport, Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES,
+    LOCK_FILE, MIN_MAX_WAL_BYTES,
 };
 pub use store::{
     Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,

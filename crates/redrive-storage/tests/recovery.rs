@@ -207,6 +207,43 @@ async fn everything_survives_close_and_reopen() {
     s.close().await;
 }
 
+/// SPEC §6: one store per data directory. A second open is refused, naming the lock file
+/// and the holder's PID, and changes nothing; once the first is closed the directory opens.
+#[tokio::test]
+async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let first = open(dir.path());
+    let published = first
+        .publish(vec![NewMessage::new(Q, json!("kept"))], at(0))
+        .await
+        .expect("publish")[0]
+        .message
+        .id;
+    let mut opts = SqliteOptions::new(dir.path());
+    opts.catalog = std::sync::Arc::new(conformance::catalog());
+    let Err(refused) = SqliteStore::open(opts) else {
+        panic!("a second store opened a directory in use");
+    };
+    match &refused {
+        StoreError::DataDirLocked { lock, pid } => {
+            assert_eq!(lock, &dir.path().join(redrive_storage::LOCK_FILE));
+            assert_eq!(*pid, Some(std::process::id()));
+        }
+        other => panic!("refused for another reason: {other}"),
+    }
+    assert!(refused.to_string().contains("redrive.lock"), "{refused}");
+    // The first is untouched.
+    assert!(first.get(published).await.expect("get").is_some());
+    first
+        .publish(vec![NewMessage::new(Q, json!("still writing"))], at(1))
+        .await
+        .expect("the first still writes");
+    first.close().await;
+    let again = open(dir.path());
+    assert!(again.get(published).await.expect("get").is_some());
+    again.close().await;
+}
+
 #[tokio::test]
 async fn everything_survives_drop_without_close() {
     let dir = tempfile::tempdir().expect("temp dir");

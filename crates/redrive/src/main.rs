@@ -1,6 +1,7 @@
 //! The `redrive` binary: command-line plumbing only.
 //!
 //! - `redrive serve` runs the server ([`redrive_server::serve`]);
+//! - `redrive backup` copies a data directory while its server runs;
 //! - `redrive policy explain` prints what a retry policy means, offline;
 //! - `redrive publish | messages … | queues | tasks … | groups | audit` are thin clients of
 //!   the HTTP API (SPEC §5, §12);
@@ -67,6 +68,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (no flags and no config: 127.0.0.1:7070, data in ./redrive-data).
     Serve(ServeArgs),
+    /// Copy a data directory into a new one, consistently, while its server runs.
+    Backup(BackupArgs),
     /// Retry policies.
     Policy {
         /// What to do with a policy.
@@ -111,6 +114,17 @@ pub struct ServeArgs {
     /// Data directory of the embedded store (overrides the file and REDRIVE_DATA_DIR).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+}
+
+/// `redrive backup`.
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// Data directory of the store to copy (a server may be running on it).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Where to write the copy: a new directory, or an empty one.
+    #[arg(long, value_name = "OUT")]
+    pub to: PathBuf,
 }
 
 /// `redrive policy …`.
@@ -410,6 +424,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => cli::serve::run(&args),
+        Command::Backup(args) => cli::finish(cli::backup::run(&args)),
         Command::Policy {
             command: PolicyCommand::Explain(args),
         } => cli::finish(cli::policy::run(&args)),

@@ -1,6 +1,7 @@
 //! The embedded backend: SQLite (WAL) behind one group-committing writer thread.
 //!
-//! Layout: `DATA_DIR/redrive.db` (+ `-wal`, `-shm`). Recovery is SQLite's own
+//! Layout: `DATA_DIR/redrive.db` (+ `-wal`, `-shm`), and `DATA_DIR/redrive.lock`, the lock
+//! that keeps a second store out of the directory (`dir_lock`). Recovery is SQLite's own
 //! WAL replay on open. Reads run on a small pool of read-only connections via
 //! `spawn_blocking`; WAL lets them proceed while the writer commits.
 //!
@@ -9,8 +10,10 @@
 //! *earliest* due time (an index seek), so a million scheduled messages cost
 //! disk, not RAM.
 
+mod backup;
 mod busy;
 mod checkpoint;
+mod dir_lock;
 mod group_commit;
 mod idempotency;
 mod key_order;
@@ -37,6 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot, watch};
 use transitions::{Counts, WriterState};
+
+pub use backup::{BackupError, BackupReport};
+pub use dir_lock::LOCK_FILE;
 
 /// When a write counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,6 +133,9 @@ pub struct SqliteStore {
     readers: Arc<reads::ReaderPool>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
+    /// The data directory's lock: taken first thing in [`SqliteStore::open`], released by
+    /// [`Store::close`] once the writer has finished (or when the store is dropped).
+    dir_lock: Mutex<Option<dir_lock::DirLock>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -174,10 +183,14 @@ fn wal_restart_bytes(opts: &SqliteOptions) -> u64 {
 
 impl SqliteStore {
     /// Open (creating if needed) the store in `opts.data_dir`, recovering from any crash.
+    ///
+    /// Refused with [`StoreError::DataDirLocked`] while another store holds the directory
+    /// (another process, or another open in this one), before the database is touched.
     pub fn open(opts: SqliteOptions) -> Result<Self, StoreError> {
         std::fs::create_dir_all(&opts.data_dir).map_err(|e| {
             StoreError::Backend(format!("cannot create {}: {e}", opts.data_dir.display()))
         })?;
+        let dir_lock = dir_lock::DirLock::acquire(&opts.data_dir)?;
         let path = opts.data_dir.join("redrive.db");
         let conn = open_connection(&path, &opts, true)?;
         // Checkpoints run on their own thread (see `checkpoint`), not inside commits.
@@ -223,7 +236,15 @@ impl SqliteStore {
             readers,
             writer: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some(checkpointer)),
+            dir_lock: Mutex::new(Some(dir_lock)),
         })
+    }
+
+    /// Copy the store in `data_dir` into `out` (a new or empty directory) while a server may
+    /// be running on it: a consistent snapshot, taken without the directory's lock (see
+    /// `backup`). `redrive serve --data-dir OUT` starts on the copy.
+    pub fn backup(data_dir: &Path, out: &Path) -> Result<BackupReport, BackupError> {
+        backup::backup(data_dir, out)
     }
 
     /// Run `f` in the writer's next transaction and wait for its commit.
@@ -561,6 +582,8 @@ impl Store for SqliteStore {
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
+        // Nothing writes any more: the directory is free for the next store.
+        drop(self.dir_lock.lock().ok().and_then(|mut l| l.take()));
     }
 
     fn commit_stats(&self) -> CommitStats {

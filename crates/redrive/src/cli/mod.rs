@@ -1,5 +1,6 @@
 //! The commands of the binary, and how a failure becomes an exit code.
 
+pub mod backup;
 pub mod client;
 pub mod groups;
 pub mod output;

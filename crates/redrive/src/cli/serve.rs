@@ -2,10 +2,16 @@
 //!
 //! Exit codes: 0 after a graceful shutdown (SIGTERM / SIGINT); 2 when the
 //! configuration is refused (bad key or value, a public address without a
-//! token); 1 when the server cannot start (store, bind) or fails.
+//! token) or the data directory is in use by another redrive (its lock is held);
+//! 1 when the server cannot start otherwise (store, bind) or fails.
+//!
+//! Logs go to stdout, coloured only when stdout is a terminal and `NO_COLOR` is not
+//! set (<https://no-color.org>): a journal, a pipe or a file gets plain text.
 
 use crate::ServeArgs;
 use redrive_server::{Config, Overrides, ServerError};
+use redrive_storage::StoreError;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -42,8 +48,14 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             match e {
-                // Refused at start because of what the operator configured.
-                ServerError::Config(_) | ServerError::PublicWithoutToken(_) => ExitCode::from(2),
+                // Refused at start because of what the operator configured, or because
+                // another server has the data directory: starting again will not help.
+                ServerError::Config(_)
+                | ServerError::PublicWithoutToken(_)
+                | ServerError::Store {
+                    source: StoreError::DataDirLocked { .. },
+                    ..
+                } => ExitCode::from(2),
                 _ => {
                     tracing::error!(error = %e, "server stopped with an error");
                     ExitCode::FAILURE
@@ -60,8 +72,22 @@ fn init_logging(config_log: &str) -> Result<(), String> {
             .map_err(|e| format!("RUST_LOG: not a valid log filter {v:?}: {e}"))?,
         _ => log_filter(config_log)?,
     };
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let ansi = colour(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stdout)
+        .with_ansi(ansi)
+        .init();
     Ok(())
+}
+
+/// Whether log lines may carry colour escapes: only on a terminal, and not when `NO_COLOR`
+/// is set to anything but the empty string (<https://no-color.org>).
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The config key `log` as a filter, naming the key when it is not one.
@@ -80,5 +106,17 @@ mod tests {
         assert!(log_filter("redrive=debug,tower=warn").is_ok());
         let e = log_filter("redrive=loud").unwrap_err();
         assert!(e.starts_with("config key log"), "{e}");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
     }
 }
