@@ -40,6 +40,6 @@ pub use sqlite::{
     Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES,
 };
 pub use store::{
-    Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
-    PurgeOutcome, QueueStats, Release, Returned, Store, TickOutcome,
+    Ack, AckEvent, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack,
+    Published, PurgeOutcome, QueueStats, Release, Returned, Store, TickOutcome,
 };
