@@ -449,9 +449,9 @@ fn failed_attempts(message: &serde_json::Value) -> usize {
         .count()
 }
 
-/// The first dead message of `queue`, once there is one.
+/// The first dead message of `queue`, once there is one (at most 60 s).
 async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
-    loop {
+    for _ in 0..3_000 {
         let (_, page) = s
             .get(&format!("/v1/messages?queue={queue}&state=dead"))
             .await;
@@ -460,6 +460,12 @@ async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let (_, page) = s.get(&format!("/v1/messages?queue={queue}")).await;
+    let states: Vec<_> = page["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["state"].clone()).collect())
+        .unwrap_or_default();
+    panic!("no dead message in {queue} after 60 s; its messages are {states:?}");
 }
 
 fn rand_u32() -> u32 {
@@ -1021,7 +1027,10 @@ async fn a_message_over_the_size_limits_is_dead_naming_the_limit_and_on_the_dead
         stored
             .iter()
             .find(|m| m["last_error"]["code"] == code)
-            .unwrap_or_else(|| panic!("no message with code {code}: {stored:?}"))
+            .unwrap_or_else(|| {
+                let codes: Vec<_> = stored.iter().map(|m| &m["last_error"]["code"]).collect();
+                panic!("no message with code {code}: {codes:?}")
+            })
             .clone()
     };
     let h = by_code("headers_too_large");
@@ -1079,13 +1088,14 @@ async fn a_message_over_the_size_limits_is_dead_naming_the_limit_and_on_the_dead
     let id = h["id"].as_str().unwrap();
     ok(s.post(&format!("/v1/messages/{id}/redrive"), json!({}))
         .await);
-    let again = loop {
-        let m = s.message(id).await;
-        if m["state"] == "dead" && m["attempts"].as_u64().unwrap() > 1 {
-            break m;
+    let mut again = s.message(id).await;
+    for _ in 0..1_500 {
+        if again["state"] == "dead" && again["attempts"].as_u64().unwrap() > 1 {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        again = s.message(id).await;
+    }
     assert!(
         again["last_error"]["message"]
             .as_str()
@@ -1544,7 +1554,8 @@ jitter = "none"
         "{dead}"
     );
     assert_eq!(dead["payload"], serde_json::Value::Null);
-    let entries = loop {
+    let mut entries = Vec::new();
+    for _ in 0..1_500 {
         let reply: redis::Value = redis::cmd("XRANGE")
             .arg(format!("{stream}:dead"))
             .arg("-")
@@ -1552,12 +1563,13 @@ jitter = "none"
             .query_async(&mut r)
             .await
             .unwrap();
-        let entries = range_entries(&reply);
+        entries = range_entries(&reply);
         if !entries.is_empty() {
-            break entries;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+    assert_eq!(entries.len(), 1, "nothing on {stream}:dead");
     let fields = &entries[0].1;
     let field = |k: &[u8]| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
     assert_eq!(field(b"blob").map(|b| b.len()), Some(10_000));

@@ -202,6 +202,9 @@ pub struct Bridge {
     settings: BridgeSettings,
     state: Mutex<(String, Option<String>)>,
     pub(super) counters: Counters,
+    /// Intake markers of acked deliveries that could not be forgotten yet (the store
+    /// refused): forgotten before the next batch is taken in, in this session or the next.
+    unforgotten: Mutex<Vec<String>>,
     /// A test's fault: the next intake batch is stored and then its connection is dropped
     /// instead of acking it (as if redrive had crashed between the two). Set by
     /// [`Bridges::drop_connection_before_next_ack`], cleared when taken.
@@ -324,21 +327,36 @@ impl Bridge {
             .find(|k| !taken.contains(k)))
     }
 
-    /// Forget intake markers whose deliveries the broker has been told to forget (acked).
+    /// Forget intake markers whose deliveries were acked to the broker, with any left from
+    /// an earlier failure; when the store refuses, they are kept for the next call (and the
+    /// error answered).
     pub(super) async fn forget_markers(
         &self,
         engine: &Engine,
         markers: Vec<String>,
     ) -> Result<(), String> {
-        if markers.is_empty() {
+        let mut all = std::mem::take(
+            &mut *self
+                .unforgotten
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        all.extend(markers);
+        if all.is_empty() {
             return Ok(());
         }
-        engine
+        let forgotten = engine
             .store()
-            .forget_idempotency_keys(self.settings.queue().to_owned(), markers)
-            .await
-            .map(drop)
-            .map_err(err)
+            .forget_idempotency_keys(self.settings.queue().to_owned(), all.clone())
+            .await;
+        if let Err(e) = forgotten {
+            self.unforgotten
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(all);
+            return Err(err(e));
+        }
+        Ok(())
     }
 
     /// Whether a test asked for the next batch's connection to be dropped before its ack
@@ -398,6 +416,7 @@ impl Bridges {
                         settings: s.clone(),
                         state: Mutex::new(("connecting".to_owned(), None)),
                         counters: Counters::default(),
+                        unforgotten: Mutex::new(Vec::new()),
                         fault_before_ack: AtomicBool::new(false),
                     })
                 })

@@ -200,8 +200,6 @@ async fn serve(
     let mut batches = consumer.ready_chunks(usize::from(s.prefetch).max(1));
     let republish = republish_loop(engine, bridge, s, &publish);
     tokio::pin!(republish);
-    // Markers of acked deliveries that could not be forgotten yet (the store failed).
-    let mut unforgotten: Vec<String> = Vec::new();
     loop {
         // A batch, once taken, is handled to its end (stored, acked, its markers
         // forgotten): stopping or a failed republish ends the session only between batches,
@@ -214,11 +212,8 @@ async fn serve(
         let Some(batch) = batch else { break };
         let deliveries: Vec<Delivery> = batch.into_iter().collect::<Result<_, _>>().map_err(err)?;
         // Markers left from an earlier batch go first: a redelivery must not match them.
-        let taken = match bridge.forget_markers(engine, unforgotten.clone()).await {
-            Ok(()) => {
-                unforgotten.clear();
-                take_in(engine, bridge, s, &publish, &deliveries).await
-            }
+        let taken = match bridge.forget_markers(engine, Vec::new()).await {
+            Ok(()) => take_in(engine, bridge, s, &publish, &deliveries).await,
             Err(e) => Err(e),
         };
         match taken {
@@ -226,13 +221,21 @@ async fn serve(
                 if bridge.take_fault_before_ack() {
                     return Err("test fault: connection dropped between storing and acking".into());
                 }
+                let mut acked = Ok(());
                 for d in &deliveries {
-                    d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+                    if let Err(e) = d.acker.ack(BasicAckOptions::default()).await {
+                        acked = Err(err(e));
+                        break;
+                    }
                 }
-                if let Err(e) = bridge.forget_markers(engine, markers.clone()).await {
-                    tracing::warn!(bridge = %s.name, error = %e, "could not forget intake markers; trying again with the next batch");
-                    unforgotten = markers;
+                // Forgotten even when an ack failed: RabbitMQ may have taken the acks before
+                // it, and a marker left for an acked delivery could later match a different
+                // message's redelivery (a loss); a forgotten one at worst stores a redelivery
+                // twice. When in doubt, store.
+                if let Err(e) = bridge.forget_markers(engine, markers).await {
+                    tracing::warn!(bridge = %s.name, error = %e, "could not forget intake markers; trying again before the next batch");
                 }
+                acked?;
             }
             Err(e) => {
                 // Not stored: give them back to RabbitMQ, which delivers them again
