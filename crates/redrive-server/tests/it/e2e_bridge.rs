@@ -1270,6 +1270,20 @@ jitter = "none"
         vec!["failed", "republished", "failed", "republished"],
         "{full}"
     );
+    // The console shows the same: the payload as JSON, plain header values, republished.
+    let (status, page) = s
+        .get_text(&format!("/ui/messages/{}", exact["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, 200);
+    for shown in [
+        "&quot;order&quot;: 42",
+        "&quot;tenant&quot;:&quot;acme&quot;",
+        "&quot;attempt&quot;:3",
+        "republished",
+    ] {
+        assert!(page.contains(shown), "the console does not show {shown}");
+    }
+    assert!(!page.contains("LongString"), "the console shows AMQP types");
     // The error text is the same at every attempt, and the fingerprint with it.
     let a = first_dead_where(&s, &t.queue, |m| m["payload"]["order"] == 1).await;
     let b = first_dead_where(&s, &t.queue, |m| m["payload"]["order"] == 2).await;

@@ -61,16 +61,6 @@ pub struct IntakeLimits {
     pub max_header_bytes: usize,
 }
 
-impl Default for IntakeLimits {
-    /// The configuration's defaults (1 MiB, 16 KiB).
-    fn default() -> Self {
-        Self {
-            max_payload_bytes: 1 << 20,
-            max_header_bytes: 16 << 10,
-        }
-    }
-}
-
 impl IntakeLimits {
     /// Bytes of `payload` as the publish limit counts them.
     pub(super) fn payload_bytes(payload: &serde_json::Value) -> usize {
