@@ -149,6 +149,11 @@ pub struct LastError {
 pub enum HistoryEvent {
     /// The attempt was acked.
     Acked,
+    /// A bridge handed the attempt back to its broker and the broker took it (RabbitMQ's
+    /// publisher confirm, Redis's `XADD`): the message is `done` unless the broker's
+    /// consumer fails the copy, which then comes back as a failed attempt. Not an ack: no
+    /// consumer has processed it yet.
+    Republished,
     /// The attempt failed; `next` says what the policy decided.
     Failed {
         /// The failure.
@@ -370,5 +375,19 @@ mod tests {
         assert_eq!(v["reason"], "bad");
         let back: HistoryEntry = serde_json::from_value(v).unwrap();
         assert_eq!(back, e);
+    }
+
+    #[test]
+    fn a_bridge_confirm_is_republished_not_acked() {
+        let e = HistoryEntry {
+            attempt: 1,
+            at: Timestamp::from_millis(0),
+            leased_at: None,
+            event: HistoryEvent::Republished,
+            response: None,
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["event"], "republished");
+        assert_eq!(serde_json::from_value::<HistoryEntry>(v).unwrap(), e);
     }
 }

@@ -891,6 +891,11 @@ impl Config {
     /// The bridges' settings, checked (the error names the key).
     pub fn bridge_settings(&self) -> Result<Vec<BridgeSettings>, ConfigError> {
         let mut out: Vec<BridgeSettings> = Vec::new();
+        // What a bridge stores obeys the limits of a publish.
+        let limits = crate::engine::bridge::IntakeLimits {
+            max_payload_bytes: self.max_payload_bytes,
+            max_header_bytes: self.max_header_bytes,
+        };
         // A redrive queue has one deliverer: a pull queue's consumers, push, or one bridge.
         let check_queue = |out: &[BridgeSettings], key: String, queue: &str| {
             let val = |reason: String| ConfigError::Value {
@@ -954,6 +959,7 @@ impl Config {
                 dead_letter_exchange: opt(&b.dead_letter_exchange),
                 binding_key: b.binding_key.clone(),
                 prefetch: b.prefetch,
+                limits,
             }));
         }
         for (name, b) in &self.bridges.redis_streams {
@@ -985,6 +991,7 @@ impl Config {
                 group: b.group.clone(),
                 min_idle_ms: b.min_idle.ms(),
                 queue: b.queue.clone(),
+                limits,
             }));
         }
         Ok(out)

@@ -544,12 +544,13 @@ impl Metrics {
         self.lateness.observe(lateness_ms.max(0) as f64 / 1000.0);
     }
 
-    /// A delivery was acked on its `attempts`-th attempt.
-    pub fn acked(&self, queue: &str, attempts: u32) {
+    /// A delivery was acked on its `attempts`-th attempt (outcome `acked`), or a bridge's
+    /// broker took its republish (outcome `republished`); either makes the message done.
+    pub fn acked(&self, queue: &str, attempts: u32, event: redrive_storage::AckEvent) {
         self.deliveries
             .get_or_create(&OutcomeLabels {
                 queue: queue.to_owned(),
-                outcome: "acked",
+                outcome: event.as_str(),
             })
             .inc();
         self.chart(queue, series::Kind::Done, 1);

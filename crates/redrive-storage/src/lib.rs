@@ -41,6 +41,7 @@ pub use sqlite::{
     LOCK_FILE, MIN_MAX_WAL_BYTES,
 };
 pub use store::{
-    Ack, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
-    PurgeOutcome, QueueStats, Release, ReleaseBy, Released, Returned, Settled, Store, TickOutcome,
+    Ack, AckEvent, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack,
+    Published, PurgeOutcome, QueueStats, Release, ReleaseBy, Released, Returned, Settled, Store,
+    TickOutcome,
 };

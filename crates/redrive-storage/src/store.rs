@@ -120,6 +120,29 @@ pub struct Ack {
     /// What the endpoint answered, when redrive made the attempt itself (push delivery);
     /// kept in the attempt's history entry.
     pub response: Option<AttemptResponse>,
+    /// What the attempt's history entry says happened.
+    pub event: AckEvent,
+}
+
+/// What an [`Ack`] records in the attempt's history entry. Both make the message `done`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckEvent {
+    /// `acked`: a consumer (or a push endpoint) processed it.
+    #[default]
+    Acked,
+    /// `republished`: a bridge handed it back to its broker, which took it
+    /// ([`HistoryEvent::Republished`](redrive_core::HistoryEvent::Republished)).
+    Republished,
+}
+
+impl AckEvent {
+    /// The history entry's `event`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckEvent::Acked => "acked",
+            AckEvent::Republished => "republished",
+        }
+    }
 }
 
 impl From<LeaseRef> for Ack {
@@ -128,6 +151,17 @@ impl From<LeaseRef> for Ack {
         Self {
             lease,
             response: None,
+            event: AckEvent::Acked,
+        }
+    }
+}
+
+impl Ack {
+    /// A bridge's ack of a republished message: its broker confirmed the copy.
+    pub fn republished(lease: LeaseRef) -> Self {
+        Self {
+            event: AckEvent::Republished,
+            ..Self::from(lease)
         }
     }
 }
@@ -368,6 +402,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Remove a message (any state) and its idempotency record.
     async fn delete(&self, id: MessageId) -> Result<Message, StoreError>;
+
+    /// The live idempotency keys of `queue` that begin with `prefix` (at most `limit`, in
+    /// key order), each with its message's id. Expired keys are not listed. A bridge finds
+    /// its intake markers with it (a message stored but not yet acked to its broker).
+    async fn idempotency_keys(
+        &self,
+        queue: String,
+        prefix: String,
+        limit: u32,
+        now: Timestamp,
+    ) -> Result<Vec<(String, MessageId)>, StoreError>;
+
+    /// Forget idempotency keys of `queue`, durably (like an operator's delete does for its
+    /// message's key): a later publish with one of them creates a new message. The messages
+    /// are untouched. Answers how many keys were live or expired records; an unknown key
+    /// is no error.
+    async fn forget_idempotency_keys(
+        &self,
+        queue: String,
+        keys: Vec<String>,
+    ) -> Result<u64, StoreError>;
 
     /// The scheduler's step: make due scheduled messages ready, fail expired leases
     /// (`lease_expired`), and say when to call again.

@@ -351,7 +351,7 @@ fn message_schema(state_enum: &Value) -> Value {
                 "properties": {
                     "attempt": {"type": "integer", "minimum": 0},
                     "at": ts,
-                    "event": {"type": "string"},
+                    "event": {"type": "string", "description": "acked, republished (a bridge's broker took the copy: RabbitMQ confirmed it, or it was added to the stream), failed, redriven, killed"},
                     "response": {
                         "type": "object",
                         "description": "Push delivery: what the endpoint answered to this attempt.",

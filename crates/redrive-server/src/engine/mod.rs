@@ -21,8 +21,8 @@ pub use signals::{Signal, SignalReceiver, Signals};
 use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
-    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, NewAudit, Published, Release,
-    ReleaseBy, Released, Returned, Store, StoreError, TaskAction,
+    Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, NewAudit,
+    Published, Release, ReleaseBy, Released, Returned, Store, StoreError, TaskAction,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -282,10 +282,16 @@ impl Engine {
 
     /// Ack leases; one result per item.
     pub async fn ack(&self, items: Vec<Ack>) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
+        let events: Vec<AckEvent> = items.iter().map(|a| a.event).collect();
         let out = self.store.ack(items, self.clock.now()).await?;
         // A repeated ack (a retried request) changed nothing: count and wake only once.
-        for a in out.iter().flatten().filter(|a| !a.repeated) {
-            self.metrics.acked(&a.message.queue, a.message.attempts);
+        let acked = out
+            .iter()
+            .zip(events)
+            .filter_map(|(r, e)| Some((r.as_ref().ok()?, e)));
+        for (a, event) in acked.filter(|(a, _)| !a.repeated) {
+            self.metrics
+                .acked(&a.message.queue, a.message.attempts, event);
             if a.message.key.is_some() && self.key_ordered(&a.message.queue) {
                 self.waiters.wake(&a.message.queue, 1);
             }

@@ -700,7 +700,10 @@ async fn deliver(
     let response = Some(response);
     let settled = match failure {
         None => engine
-            .ack(vec![Ack { lease, response }])
+            .ack(vec![Ack {
+                response,
+                ..Ack::from(lease)
+            }])
             .await
             .map(|mut r| r.pop().map(|x| x.map(drop))),
         Some(failure) => engine

@@ -425,6 +425,12 @@ fn timeline(m: &Message) -> String {
     for h in &m.history {
         let (outcome, class, detail, next) = match &h.event {
             HistoryEvent::Acked => ("acked", String::new(), String::new(), String::new()),
+            HistoryEvent::Republished => (
+                "republished",
+                String::new(),
+                "the broker took the copy".to_owned(),
+                String::new(),
+            ),
             HistoryEvent::Failed {
                 error,
                 retry_at,

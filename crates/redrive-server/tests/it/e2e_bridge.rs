@@ -19,6 +19,22 @@ use std::time::Duration;
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// 4 attempts, 100 ms apart.
+const RETRY_4_FAST: &str = r#"
+max_attempts = 4
+backoff = "fixed"
+initial_delay = "100ms"
+jitter = "none"
+"#;
+
+/// Nothing comes back during a test: the first retry is an hour away.
+const RETRY_HOLD: &str = r#"
+max_attempts = 5
+backoff = "fixed"
+initial_delay = "1h"
+jitter = "none"
+"#;
+
 async fn rabbit() -> Option<Connection> {
     match Connection::connect(URL, ConnectionProperties::default()).await {
         Ok(c) => Some(c),
@@ -190,6 +206,12 @@ impl Topology {
 
     /// A server with the bridge (4 attempts, 100 ms apart), connected.
     async fn server(&self) -> TestServer {
+        self.server_with("", RETRY_4_FAST).await
+    }
+
+    /// A server with the bridge, connected: `top` holds top-level config keys, `retry` the
+    /// redrive queue's `[retry]` keys.
+    async fn server_with(&self, top: &str, retry: &str) -> TestServer {
         let Topology {
             intake,
             queue,
@@ -199,6 +221,7 @@ impl Topology {
         } = self;
         let s = TestServer::start(&format!(
             r#"
+{top}
 [bridges.rabbitmq.orders]
 url = "{URL}"
 intake_queue = "{intake}"
@@ -206,10 +229,7 @@ queue = "{queue}"
 dead_letter_exchange = "{dlx}"
 dead_exchange = "{dead_x}"
 [queues."{queue}".retry]
-max_attempts = 4
-backoff = "fixed"
-initial_delay = "100ms"
-jitter = "none"
+{retry}
 "#
         ))
         .await;
@@ -429,9 +449,9 @@ fn failed_attempts(message: &serde_json::Value) -> usize {
         .count()
 }
 
-/// The first dead message of `queue`, once there is one.
+/// The first dead message of `queue`, once there is one (at most 60 s).
 async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
-    loop {
+    for _ in 0..3_000 {
         let (_, page) = s
             .get(&format!("/v1/messages?queue={queue}&state=dead"))
             .await;
@@ -440,6 +460,12 @@ async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let (_, page) = s.get(&format!("/v1/messages?queue={queue}")).await;
+    let states: Vec<_> = page["messages"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["state"].clone()).collect())
+        .unwrap_or_default();
+    panic!("no dead message in {queue} after 60 s; its messages are {states:?}");
 }
 
 fn rand_u32() -> u32 {
@@ -713,4 +739,873 @@ async fn a_message_that_arrives_counted_keeps_its_count() {
     );
     s.stop().await;
     t.delete(&admin).await;
+}
+
+// ---- issue 15: intake deduplication, size limits, readable and exact messages ----
+
+/// One delivery as the work queue's consumer saw it.
+#[derive(Debug, Clone)]
+struct Raw {
+    body: Vec<u8>,
+    props: BasicProperties,
+}
+
+/// A work-queue consumer that keeps every delivery and acks a message (by `message_id`)
+/// once `ack_after` deliveries of it were rejected (`requeue = false`); `None`: rejects all.
+async fn recorder(
+    channel: Channel,
+    queue: String,
+    ack_after: Option<usize>,
+    seen: Arc<Mutex<HashMap<String, Vec<Raw>>>>,
+) {
+    let mut c = channel
+        .basic_consume(
+            &queue,
+            "recorder",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    while let Some(Ok(d)) = c.next().await {
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        let before = seen.lock().unwrap().get(&id).map_or(0, Vec::len);
+        let ack = !id.starts_with("doomed") && ack_after.is_some_and(|n| before >= n);
+        seen.lock().unwrap().entry(id).or_default().push(Raw {
+            body: d.data.clone(),
+            props: d.properties.clone(),
+        });
+        if ack {
+            d.acker.ack(BasicAckOptions::default()).await.unwrap();
+        } else {
+            d.acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Publish `body` to the work queue (`message_id` when given, and these properties).
+async fn publish_raw(t: &Topology, ch: &Channel, body: &[u8], props: BasicProperties) {
+    ch.basic_publish(
+        &t.work_x,
+        "job",
+        BasicPublishOptions::default(),
+        body,
+        props,
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
+/// Wait (at most 30 s) until `done` holds for the bridge as `GET /v1/bridges` shows it.
+async fn wait_bridge(s: &TestServer, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+    for _ in 0..1_500 {
+        let (_, b) = s.get("/v1/bridges").await;
+        if done(&b["bridges"][0]) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, b) = s.get("/v1/bridges").await;
+    panic!("the bridge never got to {what}: {b}");
+}
+
+/// Every message of `queue` (newest first).
+async fn messages_of(s: &TestServer, queue: &str) -> Vec<serde_json::Value> {
+    let (_, page) = s
+        .get(&format!("/v1/messages?queue={queue}&limit=100"))
+        .await;
+    page["messages"].as_array().unwrap().clone()
+}
+
+/// Issue 15, defect 1: two rejections of equal bodies are two messages, whether RabbitMQ
+/// dead-lettered them in the same second (then even their `x-death` is equal) or a second
+/// apart. Before, the second was acked to RabbitMQ as a "duplicate" and never stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_bodies_rejected_apart_are_different_messages() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server_with("", RETRY_HOLD).await;
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        None,
+        seen.clone(),
+    ));
+    let publisher = conn.create_channel().await.unwrap();
+    let body = br#"{"user": 7, "action": "refresh"}"#;
+    for _ in 0..3 {
+        publish_raw(&t, &publisher, body, BasicProperties::default()).await;
+    }
+    let taken = |n: u64| {
+        move |b: &serde_json::Value| {
+            b["intake"].as_u64().unwrap() + b["duplicates"].as_u64().unwrap() >= n
+        }
+    };
+    wait_bridge(&s, "3 deliveries handled", taken(3)).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    publish_raw(&t, &publisher, body, BasicProperties::default()).await;
+    wait_bridge(&s, "4 deliveries handled", taken(4)).await;
+    let (_, b) = s.get("/v1/bridges").await;
+    assert_eq!(b["bridges"][0]["intake"], 4, "{b}");
+    assert_eq!(b["bridges"][0]["duplicates"], 0, "{b}");
+    let stored = messages_of(&s, &t.queue).await;
+    assert_eq!(stored.len(), 4, "{stored:?}");
+    for m in &stored {
+        assert_eq!(m["state"], "scheduled", "{m}");
+    }
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
+/// Issue 15, defect 1: a `message_id` reused by a later, distinct rejection (the same id,
+/// the same or another body) is a new message, not a replay of the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_message_id_from_another_rejection_is_a_new_message() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server_with("", RETRY_HOLD).await;
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        None,
+        seen.clone(),
+    ));
+    let publisher = conn.create_channel().await.unwrap();
+    let props = || BasicProperties::default().with_message_id(ShortString::from("order-42"));
+    publish_raw(&t, &publisher, b"charge 42", props()).await;
+    wait_bridge(&s, "1 delivery handled", |b| {
+        b["intake"] == 1 || b["duplicates"] == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    publish_raw(&t, &publisher, b"charge 42", props()).await;
+    publish_raw(&t, &publisher, b"refund 42", props()).await;
+    wait_bridge(&s, "3 deliveries handled", |b| {
+        b["intake"].as_u64().unwrap() + b["duplicates"].as_u64().unwrap() >= 3
+    })
+    .await;
+    let stored = messages_of(&s, &t.queue).await;
+    let mut bodies: Vec<&str> = stored
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap())
+        .collect();
+    bodies.sort_unstable();
+    assert_eq!(
+        bodies,
+        vec!["charge 42", "charge 42", "refund 42"],
+        "{stored:?}"
+    );
+    let (_, b) = s.get("/v1/bridges").await;
+    assert_eq!(b["bridges"][0]["duplicates"], 0, "{b}");
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
+/// Issue 15, defect 1: the one duplicate that deduplication is for. The bridge stores a
+/// batch, then its connection drops before the ack (a test hook at exactly that point, as
+/// a crash there would): RabbitMQ delivers the batch again (`redelivered`), each delivery
+/// matches one intake marker and is acked without being stored again, equal bodies
+/// included. Afterwards no marker is left and the intake queue is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_storing_and_acking_stores_each_message_once() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server_with("", RETRY_HOLD).await;
+    assert!(s.engine.bridges().drop_connection_before_next_ack("orders"));
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        None,
+        seen.clone(),
+    ));
+    let publisher = conn.create_channel().await.unwrap();
+    let same = br#"{"user": 7, "action": "refresh"}"#;
+    publish_raw(&t, &publisher, same, BasicProperties::default()).await;
+    publish_raw(&t, &publisher, same, BasicProperties::default()).await;
+    for i in 0..3 {
+        let props = BasicProperties::default().with_message_id(ShortString::from(format!("c-{i}")));
+        publish_raw(&t, &publisher, format!("crash {i}").as_bytes(), props).await;
+    }
+    // The dropped batch comes back redelivered after the reconnect (1 s).
+    wait_bridge(&s, "a reconnect and 5 messages", |b| {
+        b["connects"].as_u64().unwrap() >= 2
+            && b["duplicates"].as_u64().unwrap() >= 1
+            && b["intake"] == 5
+    })
+    .await;
+    // Every delivery handled: the redelivered ones as duplicates, the others stored.
+    for _ in 0..250 {
+        if intake_markers(&s, &t.queue).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        intake_markers(&s, &t.queue).await,
+        Vec::new(),
+        "intake markers outlived their acks"
+    );
+    let stored = messages_of(&s, &t.queue).await;
+    assert_eq!(
+        stored.len(),
+        5,
+        "a message was stored twice or lost: {stored:?}"
+    );
+    let (_, b) = s.get("/v1/bridges").await;
+    println!(
+        "crash between store and ack: stored={} duplicates={} connects={}",
+        stored.len(),
+        b["bridges"][0]["duplicates"],
+        b["bridges"][0]["connects"]
+    );
+    s.stop().await;
+    let left = admin
+        .queue_declare(
+            &t.intake,
+            QueueDeclareOptions {
+                passive: true,
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(left.message_count(), 0, "intake deliveries were not acked");
+    t.delete(&admin).await;
+}
+
+/// Issue 15, defect 9: a RabbitMQ message over the publish limits (20 KB of headers when
+/// `max_header_bytes` is 16 KiB; a body over `max_payload_bytes`) is not stored as it is:
+/// it is dead in redrive, its error naming the limit, without what was over; the original
+/// is on the dead exchange, and the intake delivery is acked. A redrive of it is refused,
+/// not republished without its headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limits_is_dead_naming_the_limit_and_on_the_dead_exchange() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t.server_with("max_payload_bytes = 4096", RETRY_HOLD).await;
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        None,
+        Arc::default(),
+    ));
+    let publisher = conn.create_channel().await.unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from("blob"),
+        AMQPValue::LongString(LongString::from("h".repeat(20_000).into_bytes())),
+    );
+    let big_headers = BasicProperties::default()
+        .with_message_id(ShortString::from("big-headers"))
+        .with_headers(headers);
+    publish_raw(&t, &publisher, b"small body", big_headers).await;
+    let big_body = BasicProperties::default().with_message_id(ShortString::from("big-body"));
+    publish_raw(&t, &publisher, "b".repeat(10_000).as_bytes(), big_body).await;
+    wait_bridge(&s, "2 messages", |b| b["intake"] == 2).await;
+    let stored = messages_of(&s, &t.queue).await;
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    let by_code = |code: &str| {
+        stored
+            .iter()
+            .find(|m| m["last_error"]["code"] == code)
+            .unwrap_or_else(|| {
+                let codes: Vec<_> = stored.iter().map(|m| &m["last_error"]["code"]).collect();
+                panic!("no message with code {code}: {codes:?}")
+            })
+            .clone()
+    };
+    let h = by_code("headers_too_large");
+    assert_eq!(h["state"], "dead", "{h}");
+    assert_eq!(h["dead_reason"], "permanent_error", "{h}");
+    let text = h["last_error"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("max_header_bytes") && text.contains("16384"),
+        "{text}"
+    );
+    assert_eq!(h["payload"], "small body", "what fitted is kept: {h}");
+    assert!(h["headers"].get("amqp-headers").is_none(), "{h}");
+    assert_eq!(h["headers"]["redrive-refused"], "headers_too_large", "{h}");
+    let p = by_code("payload_too_large");
+    assert_eq!(p["state"], "dead", "{p}");
+    assert_eq!(p["payload"], serde_json::Value::Null, "{p}");
+    assert!(
+        p["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_payload_bytes"),
+        "{p}"
+    );
+    // The originals, whole, on the dead exchange.
+    let mut dead = HashMap::new();
+    while dead.len() < 2 {
+        if let Some(m) = admin
+            .basic_get(&t.dead_q, lapin::options::BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            let id = m
+                .delivery
+                .properties
+                .message_id()
+                .clone()
+                .unwrap()
+                .to_string();
+            dead.insert(id, m.delivery);
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let d = &dead["big-headers"];
+    assert_eq!(
+        header_str(&d.properties, "blob").map(|b| b.len()),
+        Some(20_000)
+    );
+    assert_eq!(
+        header_str(&d.properties, "x-redrive-refused").as_deref(),
+        Some("headers_too_large")
+    );
+    assert_eq!(dead["big-body"].data.len(), 10_000);
+    // A redrive of it is refused by the bridge, findably, instead of republished mutilated.
+    let id = h["id"].as_str().unwrap();
+    ok(s.post(&format!("/v1/messages/{id}/redrive"), json!({}))
+        .await);
+    let mut again = s.message(id).await;
+    for _ in 0..1_500 {
+        if again["state"] == "dead" && again["attempts"].as_u64().unwrap() > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        again = s.message(id).await;
+    }
+    assert!(
+        again["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be republished"),
+        "{again}"
+    );
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
+/// The application headers of a delivery, without what RabbitMQ and redrive add.
+fn app_headers(props: &BasicProperties) -> std::collections::BTreeMap<String, AMQPValue> {
+    props
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .filter(|(k, _)| !k.as_str().starts_with("x-"))
+                .map(|(k, v)| (k.as_str().to_owned(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 15, §2: what the bridge keeps is readable and exact. A JSON body (formatted, keys
+/// unsorted, `1.0`, a `\u` escape) is a JSON payload in the API while every republished
+/// copy is byte-identical; AMQP header values are plain JSON while every copy has the
+/// original AMQP types; the confirm of a republish is `republished` in the history; the
+/// error text does not grow with the attempts, so messages that died after different
+/// numbers of attempts are one failure group; an operator's edited payload is republished
+/// as its new JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_message_is_readable_json_and_republished_exactly() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let s = t
+        .server_with(
+            "",
+            r#"
+max_attempts = 3
+backoff = "fixed"
+initial_delay = "100ms"
+jitter = "none"
+"#,
+        )
+        .await;
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        Some(2),
+        seen.clone(),
+    ));
+    let body =
+        "{ \"order\": 42,\n  \"price\": 1.0,\n  \"name\": \"\\u00e9t\\u00e9\", \"items\": [1, 2] }";
+    let mut geo = FieldTable::default();
+    geo.insert(
+        ShortString::from("region"),
+        AMQPValue::LongString(LongString::from(b"eu".to_vec())),
+    );
+    geo.insert(ShortString::from("weight"), AMQPValue::Double(2.5));
+    let mut headers = FieldTable::default();
+    for (k, v) in [
+        (
+            "tenant",
+            AMQPValue::LongString(LongString::from(b"acme".to_vec())),
+        ),
+        ("attempt", AMQPValue::LongInt(3)),
+        ("big", AMQPValue::LongLongInt(1 << 40)),
+        ("small", AMQPValue::ShortInt(-2)),
+        ("vip", AMQPValue::Boolean(true)),
+        ("geo", AMQPValue::FieldTable(geo)),
+        (
+            "tags",
+            AMQPValue::FieldArray(
+                vec![
+                    AMQPValue::LongLongInt(1),
+                    AMQPValue::LongString(LongString::from(b"two".to_vec())),
+                ]
+                .into(),
+            ),
+        ),
+        ("at", AMQPValue::Timestamp(1_700_000_000)),
+        ("raw", AMQPValue::ByteArray(vec![0u8, 255].into())),
+    ] {
+        headers.insert(ShortString::from(k), v);
+    }
+    let props = |id: &str| {
+        BasicProperties::default()
+            .with_message_id(ShortString::from(id))
+            .with_content_type(ShortString::from("application/json"))
+            .with_delivery_mode(2)
+            .with_headers(headers.clone())
+    };
+    let publisher = conn.create_channel().await.unwrap();
+    publish_raw(&t, &publisher, body.as_bytes(), props("exact-1")).await;
+    publish_raw(&t, &publisher, br#"{"order": 1}"#, props("doomed-a")).await;
+    // Counted once before by another mechanism: it dies after one delivery fewer, so its
+    // error would have been repeated once less.
+    let mut counted = headers.clone();
+    counted.insert(
+        ShortString::from("x-retry-count"),
+        AMQPValue::LongLongInt(1),
+    );
+    publish_raw(
+        &t,
+        &publisher,
+        br#"{"order": 2}"#,
+        props("doomed-b").with_headers(counted),
+    )
+    .await;
+    let deliveries = |id: &str| seen.lock().unwrap().get(id).map_or(0, Vec::len);
+    for tries in 0.. {
+        if deliveries("exact-1") >= 3 && deliveries("doomed-a") >= 3 && deliveries("doomed-b") >= 2
+        {
+            break;
+        }
+        assert!(tries < 1_500, "{:?}", seen.lock().unwrap().keys());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every copy of the untouched message: the same bytes, the same header types.
+    let copies = seen.lock().unwrap()["exact-1"].clone();
+    assert_eq!(copies.len(), 3);
+    for (i, c) in copies.iter().enumerate() {
+        assert_eq!(c.body, body.as_bytes(), "delivery {i}: the body changed");
+        assert_eq!(
+            app_headers(&c.props),
+            app_headers(&props("exact-1")),
+            "delivery {i}"
+        );
+        assert_eq!(
+            c.props.content_type().as_ref().map(|c| c.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(c.props.delivery_mode(), &Some(2));
+    }
+    // What the API shows: a JSON payload, plain header values, republished confirms.
+    let stored = messages_of(&s, &t.queue).await;
+    let exact = stored
+        .iter()
+        .find(|m| m["payload"]["order"] == 42)
+        .unwrap_or_else(|| panic!("no JSON payload with order 42: {stored:?}"));
+    let full = s.message(exact["id"].as_str().unwrap()).await;
+    assert_eq!(
+        full["payload"],
+        json!({"order": 42, "price": 1.0, "name": "été", "items": [1, 2]})
+    );
+    let shown: serde_json::Value =
+        serde_json::from_str(full["headers"]["amqp-headers"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        shown,
+        json!({"tenant": "acme", "attempt": 3, "big": 1u64 << 40, "small": -2, "vip": true,
+               "geo": {"region": "eu", "weight": 2.5}, "tags": [1, "two"],
+               "at": 1_700_000_000, "raw": "AP8="})
+    );
+    let text = full.to_string();
+    assert!(
+        !text.contains("LongString") && !text.contains("[97,99"),
+        "{text}"
+    );
+    let events: Vec<&str> = full["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        vec!["failed", "republished", "failed", "republished"],
+        "{full}"
+    );
+    // The console shows the same: the payload as JSON, plain header values, republished.
+    let (status, page) = s
+        .get_text(&format!("/ui/messages/{}", exact["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, 200);
+    for shown in [
+        "&quot;order&quot;: 42",
+        "&quot;tenant&quot;:&quot;acme&quot;",
+        "&quot;attempt&quot;:3",
+        "republished",
+    ] {
+        assert!(page.contains(shown), "the console does not show {shown}");
+    }
+    assert!(!page.contains("LongString"), "the console shows AMQP types");
+    // The error text is the same at every attempt, and the fingerprint with it.
+    let a = first_dead_where(&s, &t.queue, |m| m["payload"]["order"] == 1).await;
+    let b = first_dead_where(&s, &t.queue, |m| m["payload"]["order"] == 2).await;
+    for (m, attempts) in [(&a, 3), (&b, 3)] {
+        assert_eq!(m["attempts"], attempts, "{m}");
+        assert_eq!(
+            m["last_error"]["message"], "dead-lettered by RabbitMQ (rejected)",
+            "{m}"
+        );
+    }
+    let (_, groups) = s
+        .get(&format!("/v1/failure-groups?queue={}", t.queue))
+        .await;
+    let groups = groups["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0]["count"], 2, "{groups:?}");
+    // Edit and redrive: the new payload goes out as its JSON.
+    let id = a["id"].as_str().unwrap();
+    ok(s.post(
+        &format!("/v1/messages/{id}/redrive"),
+        json!({"payload": {"order": 1, "fixed": true}}),
+    )
+    .await);
+    for tries in 0.. {
+        if deliveries("doomed-a") >= 4 {
+            break;
+        }
+        assert!(tries < 1_500, "the edited message was not republished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = seen.lock().unwrap()["doomed-a"][3].clone();
+    assert_eq!(last.body, br#"{"fixed":true,"order":1}"#);
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
+/// The intake markers the bridge `orders` holds in `queue` (messages stored, not yet acked).
+async fn intake_markers(s: &TestServer, queue: &str) -> Vec<(String, redrive_core::MessageId)> {
+    s.engine
+        .store()
+        .idempotency_keys(
+            queue.to_owned(),
+            "amqp:orders:".to_owned(),
+            100,
+            s.engine.clock().now(),
+        )
+        .await
+        .unwrap()
+}
+
+/// The first dead message of `queue` for which `pick` holds, once there is one.
+async fn first_dead_where(
+    s: &TestServer,
+    queue: &str,
+    pick: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    for _ in 0..1_500 {
+        let (_, page) = s
+            .get(&format!("/v1/messages?queue={queue}&state=dead"))
+            .await;
+        if let Some(m) = page["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| pick(m))
+        {
+            return m.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no such dead message in {queue}");
+}
+
+/// A stream entry: its id and its fields as bytes, in order.
+type Entry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// The entries of an `XRANGE` reply (or of one stream of an `XREADGROUP` reply).
+fn range_entries(reply: &redis::Value) -> Vec<Entry> {
+    use redis::Value as V;
+    let bytes = |v: &V| match v {
+        V::BulkString(b) => Some(b.clone()),
+        V::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    };
+    let V::Array(entries) = reply else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let V::Array(parts) = e else { continue };
+        let (Some(id), Some(V::Array(kv))) = (parts.first().and_then(bytes), parts.get(1)) else {
+            continue;
+        };
+        let fields = kv
+            .chunks(2)
+            .filter_map(|p| Some((bytes(p.first()?)?, bytes(p.get(1)?)?)))
+            .collect();
+        out.push((String::from_utf8(id).unwrap(), fields));
+    }
+    out
+}
+
+/// The entries of an `XREADGROUP` reply (RESP2 arrays or RESP3 maps).
+fn stream_entries(reply: &redis::Value) -> Vec<Entry> {
+    use redis::Value as V;
+    // RESP2: [[stream, entries], …]; RESP3: {stream: entries}.
+    let lists: Vec<&V> = match reply {
+        V::Array(a) => a
+            .iter()
+            .filter_map(|s| match s {
+                V::Array(pair) if pair.len() == 2 => Some(&pair[1]),
+                _ => None,
+            })
+            .collect(),
+        V::Map(m) => m.iter().map(|(_, v)| v).collect(),
+        _ => return Vec::new(),
+    };
+    lists.into_iter().flat_map(range_entries).collect()
+}
+
+/// `XREADGROUP GROUP workers w1 COUNT 10 BLOCK 100 STREAMS stream >`.
+async fn read_group(r: &mut redis::aio::MultiplexedConnection, stream: &str) -> Vec<Entry> {
+    let reply: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("w1")
+        .arg("COUNT")
+        .arg(10)
+        .arg("BLOCK")
+        .arg(100)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(r)
+        .await
+        .unwrap();
+    stream_entries(&reply)
+}
+
+async fn xadd(r: &mut redis::aio::MultiplexedConnection, stream: &str, fields: &[(&[u8], &[u8])]) {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*");
+    for (k, v) in fields {
+        cmd.arg(*k).arg(*v);
+    }
+    let _: String = cmd.query_async(r).await.unwrap();
+}
+
+/// Issue 15, defect 4: the Redis Streams bridge keeps field names and values byte-exact
+/// and in the entry's order: a name that is not UTF-8 (`k\xffey` came back as
+/// `k\xef\xbf\xbdey`), a binary value, and names that are not in sorted order come back
+/// on the copy exactly as the consumer first read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fields_come_back_byte_exact_and_in_order() {
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs.exact.{run}"), format!("rsq-exact-{run}"));
+    create_group(&mut r, &stream).await;
+    let s = redis_server(&stream, &queue).await;
+    let binary_name: Vec<(&[u8], &[u8])> = vec![
+        (b"zeta", b"1"),
+        (b"k\xffey", b"v\xfe\x00"),
+        (b"alpha", b"x"),
+    ];
+    let unsorted: Vec<(&[u8], &[u8])> = vec![(b"zeta", b"z"), (b"alpha", b"\xff"), (b"mid", b"m")];
+    xadd(&mut r, &stream, &binary_name).await;
+    xadd(&mut r, &stream, &unsorted).await;
+    let originals = read_group(&mut r, &stream).await;
+    assert_eq!(originals.len(), 2, "{originals:?}");
+    // Left unacked: the bridge claims them and adds copies.
+    let mut copies = Vec::new();
+    for tries in 0.. {
+        for (id, fields) in read_group(&mut r, &stream).await {
+            let _: i64 = redis::cmd("XACK")
+                .arg(&stream)
+                .arg("workers")
+                .arg(&id)
+                .query_async(&mut r)
+                .await
+                .unwrap();
+            copies.push(fields);
+        }
+        if copies.len() >= 2 {
+            break;
+        }
+        assert!(tries < 300, "no copies: {copies:?}");
+    }
+    let own = |fields: &Vec<(Vec<u8>, Vec<u8>)>| -> Vec<(Vec<u8>, Vec<u8>)> {
+        fields
+            .iter()
+            .filter(|(k, _)| !k.starts_with(b"redrive-"))
+            .cloned()
+            .collect()
+    };
+    let want = |fields: &[(&[u8], &[u8])]| -> Vec<(Vec<u8>, Vec<u8>)> {
+        fields
+            .iter()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect()
+    };
+    let mut got: Vec<_> = copies.iter().map(own).collect();
+    got.sort();
+    let mut expected = vec![want(&binary_name), want(&unsorted)];
+    expected.sort();
+    assert_eq!(got, expected, "a copy's fields are not the entry's");
+    // What the API shows: an object in the entry's order (header redis-fields), and pairs
+    // for the entry whose names are not all UTF-8.
+    let stored = messages_of(&s, &queue).await;
+    let object = stored
+        .iter()
+        .find(|m| m["payload"].is_object())
+        .unwrap_or_else(|| panic!("{stored:?}"));
+    assert_eq!(
+        object["payload"],
+        json!({"zeta": "z", "alpha": {"base64": "/w=="}, "mid": "m"})
+    );
+    assert_eq!(
+        object["headers"]["redis-fields"],
+        r#"["zeta","alpha","mid"]"#
+    );
+    let pairs = stored
+        .iter()
+        .find(|m| m["payload"].is_array())
+        .unwrap_or_else(|| panic!("{stored:?}"));
+    assert_eq!(
+        pairs["payload"],
+        json!([["zeta", "1"], [{"base64": "a/9leQ=="}, {"base64": "dv4A"}], ["alpha", "x"]])
+    );
+    s.stop().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+}
+
+/// Issue 15, defect 9, for Redis Streams: an entry over `max_payload_bytes` is dead in
+/// redrive with the limit named, added whole to `<stream>:dead`, and acked in the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_entry_over_the_size_limits_is_dead_and_on_the_dead_stream() {
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs.big.{run}"), format!("rsq-big-{run}"));
+    create_group(&mut r, &stream).await;
+    let s = TestServer::start(&format!(
+        r#"
+max_payload_bytes = 4096
+[bridges.redis_streams.payments]
+url = "{REDIS}"
+stream = "{stream}"
+group = "workers"
+min_idle = "200ms"
+queue = "{queue}"
+[queues."{queue}".retry]
+max_attempts = 4
+backoff = "fixed"
+initial_delay = "100ms"
+jitter = "none"
+"#
+    ))
+    .await;
+    let blob = "b".repeat(10_000);
+    xadd(
+        &mut r,
+        &stream,
+        &[(b"order", b"big-1"), (b"blob", blob.as_bytes())],
+    )
+    .await;
+    assert_eq!(read_group(&mut r, &stream).await.len(), 1);
+    let dead = first_dead(&s, &queue).await;
+    assert_eq!(dead["dead_reason"], "permanent_error", "{dead}");
+    assert_eq!(dead["last_error"]["code"], "payload_too_large", "{dead}");
+    assert!(
+        dead["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_payload_bytes"),
+        "{dead}"
+    );
+    assert_eq!(dead["payload"], serde_json::Value::Null);
+    let mut entries = Vec::new();
+    for _ in 0..1_500 {
+        let reply: redis::Value = redis::cmd("XRANGE")
+            .arg(format!("{stream}:dead"))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        entries = range_entries(&reply);
+        if !entries.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(entries.len(), 1, "nothing on {stream}:dead");
+    let fields = &entries[0].1;
+    let field = |k: &[u8]| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
+    assert_eq!(field(b"blob").map(|b| b.len()), Some(10_000));
+    assert_eq!(
+        field(b"redrive-refused").as_deref(),
+        Some(&b"payload_too_large"[..])
+    );
+    let pending: redis::Value = redis::cmd("XPENDING")
+        .arg(&stream)
+        .arg("workers")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    match pending {
+        redis::Value::Array(p) => assert_eq!(p.first(), Some(&redis::Value::Int(0)), "{p:?}"),
+        other => panic!("{other:?}"),
+    }
+    s.stop().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .arg(format!("{stream}:dead"))
+        .query_async(&mut r)
+        .await
+        .unwrap();
 }

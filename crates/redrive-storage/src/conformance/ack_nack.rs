@@ -485,6 +485,7 @@ pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
         vec![Ack {
             lease: lref(m.id, &l.token),
             response: Some(response(Some(200), "ok")),
+            event: crate::AckEvent::Acked,
         }],
         at(2_000),
     )
@@ -1082,6 +1083,37 @@ pub async fn returned_fails_the_delivered_attempt_once<S: Store>(s: Arc<S>) {
         "a return of an unknown message",
         is_not_found,
     );
+}
+
+/// A bridge's ack of a republish makes the message `done` like any ack, and its history
+/// says `republished` (the broker took the copy; no consumer has processed it yet). A
+/// return of that attempt still fails it, and a retried republished ack still succeeds.
+pub async fn republished_ack_is_recorded_as_republished<S: Store>(s: Arc<S>) {
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
+    let ack_republished = |at_ms| {
+        let s = s.clone();
+        let token = l.token.clone();
+        async move {
+            s.ack(vec![Ack::republished(lref(m.id, &token))], at(at_ms))
+                .await
+                .expect("ack")
+                .remove(0)
+        }
+    };
+    let done = ack_republished(10).await.expect("republished ack");
+    assert_eq!(done.message.state, State::Done);
+    assert!(!done.repeated);
+    assert!(ack_republished(11).await.expect("retried").repeated);
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.history.len(), 1, "{:?}", got.history);
+    assert_eq!(got.history[0].event, HistoryEvent::Republished);
+    assert_eq!(got.history[0].attempt, 1);
+    let out = return_one(&*s, m.id, 1, at(20))
+        .await
+        .expect("returned")
+        .expect("applied");
+    assert_eq!(out.message.state, State::Scheduled);
 }
 
 /// The consumer can reject before the bridge acks its republish: the return applies to the

@@ -237,3 +237,83 @@ pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>)
         "after the window the key creates a new message"
     );
 }
+
+/// `idempotency_keys` lists the live keys of one queue that begin with a prefix, in key
+/// order, with their messages: not another queue's, not an expired one, not a deleted
+/// message's, not a key that only shares a shorter prefix.
+pub async fn idempotency_keys_by_prefix_lists_live_keys_only<S: Store>(s: Arc<S>) {
+    let w = IDEMPOTENCY_WINDOW_MS as i64;
+    let old = publish(&*s, with_ikey(Q, "in:a:0", json!(0)), at(0)).await;
+    let b = publish(&*s, with_ikey(Q, "in:a:2", json!(2)), at(w / 2)).await;
+    let a = publish(&*s, with_ikey(Q, "in:a:1", json!(1)), at(w / 2)).await;
+    publish(&*s, with_ikey(Q, "in:ab:1", json!(3)), at(w / 2)).await;
+    publish(&*s, with_ikey(Q, "in:a", json!(4)), at(w / 2)).await;
+    publish(&*s, with_ikey(OTHER, "in:a:1", json!(5)), at(w / 2)).await;
+    let gone = publish(&*s, with_ikey(Q, "in:a:3", json!(6)), at(w / 2)).await;
+    s.delete(gone.id).await.expect("delete");
+    let keys = |limit| {
+        let s = s.clone();
+        async move {
+            s.idempotency_keys(Q.to_owned(), "in:a:".to_owned(), limit, at(w + 1))
+                .await
+                .expect("idempotency_keys")
+        }
+    };
+    // `in:a:0` expired at `w`; `in:a:3` went with its message.
+    assert_eq!(
+        keys(10).await,
+        vec![("in:a:1".to_owned(), a.id), ("in:a:2".to_owned(), b.id)]
+    );
+    assert_eq!(keys(1).await, vec![("in:a:1".to_owned(), a.id)], "limit");
+    let before_expiry = s
+        .idempotency_keys(Q.to_owned(), "in:a:".to_owned(), 10, at(w - 1))
+        .await
+        .expect("idempotency_keys");
+    assert_eq!(
+        before_expiry,
+        vec![
+            ("in:a:0".to_owned(), old.id),
+            ("in:a:1".to_owned(), a.id),
+            ("in:a:2".to_owned(), b.id)
+        ]
+    );
+}
+
+/// A forgotten key is free: the next publish with it is a new message, the first message
+/// is untouched, and forgetting an unknown key is no error.
+pub async fn forgotten_idempotency_key_publishes_a_new_message<S: Store>(s: Arc<S>) {
+    let first = publish(&*s, with_ikey(Q, "marker", json!({"a": 1})), at(0)).await;
+    let other = publish(&*s, with_ikey(OTHER, "marker", json!({"a": 1})), at(0)).await;
+    let n = s
+        .forget_idempotency_keys(
+            Q.to_owned(),
+            vec!["marker".to_owned(), "unknown".to_owned()],
+        )
+        .await
+        .expect("forget");
+    assert_eq!(n, 1, "one key was known");
+    let again = s
+        .publish(vec![with_ikey(Q, "marker", json!({"a": 1}))], at(10))
+        .await
+        .expect("publish");
+    assert!(!again[0].replayed, "a forgotten key replayed its message");
+    assert_ne!(again[0].message.id, first.id);
+    let kept = s.get(first.id).await.expect("get").expect("first message");
+    assert_eq!(
+        kept.state,
+        State::Ready,
+        "forgetting its key changed the message"
+    );
+    // Another queue's key of the same name is still remembered.
+    let r = s
+        .publish(vec![with_ikey(OTHER, "marker", json!({"a": 1}))], at(20))
+        .await
+        .expect("publish");
+    assert!(r[0].replayed && r[0].message.id == other.id);
+    assert_eq!(
+        s.forget_idempotency_keys(Q.to_owned(), Vec::new())
+            .await
+            .expect("forget nothing"),
+        0
+    );
+}

@@ -213,6 +213,8 @@ macro_rules! conformance_tests {
                 idempotency_conflict_writes_nothing,
                 idempotency_key_reusable_after_window,
                 idempotent_replay_after_purge_returns_original,
+                idempotency_keys_by_prefix_lists_live_keys_only,
+                forgotten_idempotency_key_publishes_a_new_message,
             ],
             lease: [
                 lease_order_is_priority_then_due_then_age,
@@ -245,6 +247,7 @@ macro_rules! conformance_tests {
                 returned_fails_the_delivered_attempt_once,
                 returned_before_the_ack_wins_over_it,
                 returned_until_dead,
+                republished_ack_is_recorded_as_republished,
                 failed_publish_counts_attempts_made_elsewhere,
             ],
             operator: [

@@ -462,6 +462,29 @@ impl Store for SqliteStore {
         self.write(move |w| w.delete(&id)).await
     }
 
+    async fn idempotency_keys(
+        &self,
+        queue: String,
+        prefix: String,
+        limit: u32,
+        now: Timestamp,
+    ) -> Result<Vec<(String, MessageId)>, StoreError> {
+        self.read(move |c| reads::idempotency_keys(c, &queue, &prefix, limit, now))
+            .await
+    }
+
+    async fn forget_idempotency_keys(
+        &self,
+        queue: String,
+        keys: Vec<String>,
+    ) -> Result<u64, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.write(move |w| w.forget_idempotency_keys(&queue, &keys))
+            .await
+    }
+
     async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError> {
         // Unsynced, like a lease: a promotion or an expired lease is nobody's acknowledged
         // write (a crash before its commit leaves the message scheduled with a past due time,

@@ -144,6 +144,70 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
     }
 }
 
+/// The live idempotency keys of `queue` beginning with `prefix` (see
+/// [`crate::Store::idempotency_keys`]): a range of the primary key `(queue, ikey)`, from
+/// `prefix` to the first string past every string it begins.
+pub fn idempotency_keys(
+    conn: &Connection,
+    queue: &str,
+    prefix: &str,
+    limit: u32,
+    now: Timestamp,
+) -> Result<Vec<(String, MessageId)>, StoreError> {
+    let rows: Vec<(String, String)> = match prefix_end(prefix) {
+        Some(end) => conn
+            .prepare_cached(
+                "SELECT ikey, message_id FROM idempotency WHERE queue = ?1 AND ikey >= ?2 \
+                 AND ikey < ?3 AND expires_at > ?4 ORDER BY ikey LIMIT ?5",
+            )
+            .db()?
+            .query_map(
+                rusqlite::params![queue, prefix, end, now.as_millis(), limit],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .db()?
+            .collect::<Result<_, _>>()
+            .db()?,
+        None => conn
+            .prepare_cached(
+                "SELECT ikey, message_id FROM idempotency WHERE queue = ?1 AND ikey >= ?2 \
+                 AND expires_at > ?3 ORDER BY ikey LIMIT ?4",
+            )
+            .db()?
+            .query_map(
+                rusqlite::params![queue, prefix, now.as_millis(), limit],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .db()?
+            .collect::<Result<_, _>>()
+            .db()?,
+    };
+    rows.into_iter()
+        .map(|(k, id)| {
+            let id = id
+                .parse::<MessageId>()
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            Ok((k, id))
+        })
+        .collect()
+}
+
+/// The least string greater than every string that begins with `prefix` (SQLite compares
+/// text as UTF-8 bytes, which orders as code points do): `prefix` with its last character
+/// that has a successor replaced by it, and what follows dropped. `None` when no character
+/// has one (an empty prefix): no upper bound.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Escape `%`, `_` and `\` for a LIKE pattern with `ESCAPE '\'`.
 fn like_pattern(text: &str) -> String {
     let mut p = String::with_capacity(text.len() + 2);
@@ -333,4 +397,24 @@ pub fn queue_stats(
     }
     out.sort_by(|a, b| a.queue.cmp(&b.queue));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_bounds_every_string_with_the_prefix() {
+        assert_eq!(prefix_end("amqp:b:1f:").as_deref(), Some("amqp:b:1f;"));
+        assert_eq!(prefix_end("").as_deref(), None);
+        let end = prefix_end("ké").unwrap();
+        assert_eq!(end, "kê");
+        for s in ["ké", "ké\u{10FFFF}", "ké~~~"] {
+            assert!(s >= "ké" && s < end.as_str(), "{s}");
+        }
+        assert!("kê" >= end.as_str() && "kd" < "ké", "outside the range");
+        // A last character without a successor is dropped, the one before moves on.
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}").as_deref(), None);
+    }
 }

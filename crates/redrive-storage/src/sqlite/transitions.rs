@@ -849,12 +849,12 @@ impl WriterState {
                 "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
                  history = json_insert(history, '$[#]', json_patch(json_object('attempt', attempts, 'at', ?4, \
                    'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch'), \
-                   'event', 'acked'), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
+                   'event', ?6), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
                  WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 RETURNING ",
                 columns!()
             )).db()?
             .query_row(
-                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339(), response],
+                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339(), response, ack.event.as_str()],
                 Row::from_sql,
             )
             .optional().db()?;
@@ -1090,6 +1090,24 @@ impl WriterState {
         self.moved(&row.queue, Some(row.state), None);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         Ok(message)
+    }
+
+    /// Delete the idempotency records of `keys` in `queue` (see
+    /// [`crate::Store::forget_idempotency_keys`]).
+    pub fn forget_idempotency_keys(
+        &mut self,
+        queue: &str,
+        keys: &[String],
+    ) -> Result<u64, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("DELETE FROM idempotency WHERE queue = ?1 AND ikey = ?2")
+            .db()?;
+        let mut n = 0u64;
+        for k in keys {
+            n += stmt.execute(params![queue, k]).db()? as u64;
+        }
+        Ok(n)
     }
 
     fn full_message(&self, seq: i64) -> Result<Message, StoreError> {
