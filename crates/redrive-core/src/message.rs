@@ -202,8 +202,8 @@ pub struct HistoryEntry {
 }
 
 /// What an endpoint answered to one push attempt (SPEC §10), kept in the attempt's history
-/// entry so an operator sees why each attempt failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// entry so an operator sees why each attempt failed, and what the request left out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct AttemptResponse {
     /// The HTTP status; absent when there was no answer (timeout, connection error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -214,6 +214,11 @@ pub struct AttemptResponse {
     /// or what went wrong when there was no answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// The message's headers the request did not carry because the server owns them
+    /// (`host`, `content-length`, `content-type`, `webhook-*` …; SPEC §10): publish refuses
+    /// them on a push queue, so only a message stored before its queue was a push queue has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_headers: Vec<String>,
 }
 
 /// A message as stored and shown.

@@ -603,12 +603,14 @@ async fn deliver(
             return;
         }
     };
-    let mut headers: Vec<(String, String)> = l
-        .message
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // The message's headers never replace the server's (SPEC §10): publish refuses them on a
+    // push queue, and one stored before its queue was a push queue is left out here, named
+    // in the attempt's history.
+    let (mut headers, dropped_headers) = redrive_push::send::message_headers(&l.message.headers);
+    if !dropped_headers.is_empty() {
+        tracing::warn!(message = %id, headers = ?dropped_headers,
+            "push request sent without message headers the server owns");
+    }
     headers.push(("content-type".into(), "application/json".into()));
     headers.push(("webhook-id".into(), id.clone()));
     headers.push(("webhook-timestamp".into(), now_s.to_string()));
@@ -636,6 +638,7 @@ async fn deliver(
         },
         latency_ms: sent.latency_ms,
         body: sent.excerpt.clone(),
+        dropped_headers,
     };
     // Refused by the SSRF guard: nothing was sent (no attempt to classify or to count).
     let refused = sent.attempt().is_none();

@@ -657,3 +657,172 @@ async fn retries_over_the_budget_wait_uncharged() {
     assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
     s.stop().await;
 }
+
+/// Headers the push request owns (SPEC §10), in the cases a message might write them.
+const SERVER_OWNED: &[&str] = &[
+    "host",
+    "Content-Length",
+    "transfer-encoding",
+    "Connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "content-type",
+    "webhook-signature",
+    "Webhook-Id",
+    "webhook-timestamp",
+    "redrive-attempt",
+];
+
+/// Issue 15 §1.2: a publish-scope caller set the push request's Host, Content-Length,
+/// Transfer-Encoding or webhook-signature through the message's headers.
+#[tokio::test]
+async fn publishing_a_server_owned_header_to_a_push_queue_is_refused_naming_it() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(&mock.url("/hook"), "", true).await;
+    for name in SERVER_OWNED {
+        let got = s
+            .post(
+                "/v1/queues/hooks/messages",
+                json!({"payload": 1, "headers": {"x-ok": "1", *name: "3"}}),
+            )
+            .await;
+        assert_error_names(&got, 400, "reserved_header", &format!("headers.{name}"));
+    }
+    // A batch is all or nothing, and names the item.
+    let got = s
+        .post(
+            "/v1/queues/hooks/messages",
+            json!({"messages": [
+                {"payload": 1, "headers": {"x-merchant": "m-1"}},
+                {"payload": 2, "headers": {"Host": "internal-admin.example"}}
+            ]}),
+        )
+        .await;
+    assert_error_names(&got, 400, "reserved_header", "messages[1].headers.Host");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        mock.got().is_empty(),
+        "a refused publish was stored and pushed"
+    );
+    let (_, q) = s.get("/v1/queues/hooks").await;
+    for st in ["ready", "scheduled", "leased", "done", "dead"] {
+        assert_eq!(q["counts"][st], 0, "{q}");
+    }
+    // Other headers pass, and a pull queue keeps any header (its consumer reads them).
+    let m = s
+        .publish(
+            "hooks",
+            json!({"payload": 1, "headers": {"x-host": "a", "authorization": "Bearer t"}}),
+        )
+        .await;
+    until_state(&s, &id_of(&m), "done").await;
+    let m = s
+        .publish(
+            "pull-queue",
+            json!({"payload": 1, "headers": {"host": "h", "webhook-id": "w"}}),
+        )
+        .await;
+    assert_eq!(m["headers"]["host"], "h", "{m}");
+    s.stop().await;
+}
+
+/// Issue 15 §1.2, the last line of defence: a message that reaches the sender with headers
+/// the server owns (stored before its queue was a push queue, bridged, published by the
+/// engine itself) is pushed without them, and its attempt's history names them.
+#[tokio::test]
+async fn server_owned_headers_of_a_stored_message_never_reach_the_endpoint() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = TestServer::start(&format!(
+        r#"[push]
+allow_cidrs = ["127.0.0.1/32"]
+[queues.signed]
+delivery = "push"
+[queues.signed.push]
+url = "{signed}"
+signing_secret = "{SECRET}"
+[queues.unsigned]
+delivery = "push"
+[queues.unsigned.push]
+url = "{unsigned}"
+"#,
+        signed = mock.url("/signed"),
+        unsigned = mock.url("/unsigned"),
+    ))
+    .await;
+    let forged: std::collections::BTreeMap<String, String> = [
+        ("Host", "internal-admin.example"),
+        ("content-length", "3"),
+        ("transfer-encoding", "chunked"),
+        ("connection", "upgrade"),
+        ("content-type", "text/plain"),
+        ("webhook-signature", "v1,Zm9yZ2Vk"),
+        ("webhook-id", "msg_forged"),
+        ("redrive-attempt", "99"),
+        ("x-merchant", "m-1"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect();
+    let mut ids = Vec::new();
+    for queue in ["signed", "unsigned"] {
+        let mut m =
+            redrive_core::NewMessage::new(queue, json!({"order": 42, "note": "long enough"}));
+        m.headers = forged.clone();
+        let p = s.engine.publish(vec![m]).await.unwrap().pop().unwrap();
+        ids.push(p.message.id.to_string());
+    }
+    for (id, path) in ids.iter().zip(["/signed", "/unsigned"]) {
+        let done = until_state(&s, id, "done").await;
+        let got = mock.for_id(id);
+        assert_eq!(got.len(), 1, "{id}: {got:?}");
+        let g = &got[0];
+        assert_eq!(g.path, path);
+        let h = &g.headers;
+        assert_eq!(h["host"], mock.addr.to_string(), "{h:?}");
+        assert_eq!(h["content-length"], g.body.len().to_string(), "{h:?}");
+        assert!(!h.contains_key("transfer-encoding"), "{h:?}");
+        assert_ne!(
+            h.get("connection").map(String::as_str),
+            Some("upgrade"),
+            "{h:?}"
+        );
+        assert_eq!(h["content-type"], "application/json", "{h:?}");
+        assert_eq!(h["webhook-id"], *id, "{h:?}");
+        assert_eq!(h["redrive-attempt"], "1", "{h:?}");
+        assert_eq!(h["x-merchant"], "m-1", "{h:?}");
+        let body: Value = serde_json::from_slice(&g.body).unwrap();
+        assert_eq!(
+            body,
+            json!({"order": 42, "note": "long enough"}),
+            "the whole body"
+        );
+        if path == "/signed" {
+            let ts: i64 = h["webhook-timestamp"].parse().unwrap();
+            let secret = redrive_push::signing::Secret::parse(SECRET).unwrap();
+            redrive_push::signing::verify(&secret, &h["webhook-signature"], id, ts, &g.body, ts, 5)
+                .expect("redrive's own signature, which verifies");
+        } else {
+            assert!(
+                !h.contains_key("webhook-signature"),
+                "a forged signature reached the endpoint of a queue without a secret: {h:?}"
+            );
+        }
+        let r = &responses(&done)[0];
+        let mut dropped: Vec<String> = r["dropped_headers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no dropped_headers in {done}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        dropped.sort();
+        let mut want: Vec<String> = forged
+            .keys()
+            .filter(|k| *k != "x-merchant")
+            .cloned()
+            .collect();
+        want.sort();
+        assert_eq!(dropped, want, "{done}");
+    }
+    s.stop().await;
+}

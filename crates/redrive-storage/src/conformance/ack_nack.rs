@@ -458,6 +458,7 @@ fn response(status: Option<u16>, body: &str) -> redrive_core::AttemptResponse {
         status,
         latency_ms: 12,
         body: Some(body.to_owned()),
+        ..Default::default()
     }
 }
 
