@@ -6,7 +6,7 @@ use crate::{
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
-    Timestamp,
+    Timestamp, Waited,
 };
 use tokio::sync::watch;
 
@@ -69,6 +69,10 @@ pub struct Ack {
     /// What the endpoint answered, when redrive made the attempt itself (push delivery);
     /// kept in the attempt's history entry.
     pub response: Option<AttemptResponse>,
+    /// Push delivery: what the message waited for before this attempt (usually nothing, at
+    /// most one per reason); noted in the history before the attempt's entry
+    /// ([`redrive_core::note_wait`]).
+    pub waited: Vec<Waited>,
 }
 
 impl From<LeaseRef> for Ack {
@@ -77,6 +81,7 @@ impl From<LeaseRef> for Ack {
         Self {
             lease,
             response: None,
+            waited: Vec::new(),
         }
     }
 }
@@ -90,6 +95,9 @@ pub struct Nack {
     pub failure: Failure,
     /// What the endpoint answered, when redrive made the attempt itself (push delivery).
     pub response: Option<AttemptResponse>,
+    /// Push delivery: what the message waited for before this attempt (see
+    /// [`Ack::waited`]).
+    pub waited: Vec<Waited>,
 }
 
 /// A delivery that a broker consumer failed after redrive had counted it delivered (a
@@ -109,7 +117,8 @@ pub struct Returned {
 
 /// A leased message handed back without having been attempted (push delivery parks a
 /// message its endpoint cannot take now: breaker open, retry budget spent). The attempt
-/// the lease counted is taken back: nothing is charged, nothing enters the history.
+/// the lease counted is taken back: nothing is charged, and nothing enters the history but
+/// the optional note of what it waits for.
 #[derive(Debug, Clone)]
 pub struct Release {
     /// The lease.
@@ -117,6 +126,10 @@ pub struct Release {
     /// When the message may be leased again: `ready` at once if not after now, else
     /// `scheduled` until then.
     pub until: Timestamp,
+    /// Push delivery parks it because its endpoint makes it wait (and it may have waited in
+    /// the store before its lease): noted in the history, one entry per wait episode and
+    /// reason however often it is parked ([`redrive_core::note_wait`]).
+    pub waited: Vec<Waited>,
 }
 
 /// A successful ack.

@@ -260,6 +260,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .nack(
             vec![Nack {
                 response: None,
+                waited: Vec::new(),
                 lease: LeaseRef {
                     id: dead,
                     token: l[0].token.clone(),

@@ -436,6 +436,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                 .nack(
                     vec![Nack {
                         response: None,
+                        waited: Vec::new(),
                         lease: LeaseRef {
                             id,
                             token: tok.clone(),

@@ -285,6 +285,7 @@ pub async fn nack(
         .engine
         .nack(vec![Nack {
             response: None,
+            waited: Vec::new(),
             lease: LeaseRef {
                 id,
                 token: body.lease,
@@ -505,6 +506,7 @@ pub async fn nack_batch(
                     nack_failure(&format!("items[{n}].error"), i.error.as_ref(), &s.config)?;
                 Ok(Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: LeaseRef { id, token: i.lease },
                     failure,
                 })

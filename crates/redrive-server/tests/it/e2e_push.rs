@@ -826,3 +826,156 @@ url = "{unsigned}"
     }
     s.stop().await;
 }
+
+/// The `waited` entries of a history, with the index each sits at.
+fn waits(m: &Value) -> Vec<(usize, Value)> {
+    m["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h["event"] == "waited")
+        .map(|(i, h)| (i, h.clone()))
+        .collect()
+}
+
+/// An RFC 3339 timestamp of an answer, as ms since the epoch.
+fn ts_ms(v: &Value) -> i64 {
+    let t = time::OffsetDateTime::parse(
+        v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// Between two attempts, at most one `waited` entry per reason.
+fn assert_waits_bounded(m: &Value) {
+    let mut seen: Vec<String> = Vec::new();
+    for h in m["history"].as_array().unwrap() {
+        if h["event"] == "waited" {
+            let r = h["for"].as_str().unwrap().to_owned();
+            assert!(!seen.contains(&r), "two waits for {r} in one episode: {m}");
+            seen.push(r);
+        } else {
+            seen.clear();
+        }
+    }
+}
+
+/// Issue 15 §3: "retry at 08:05:20" was followed by an attempt at 08:05:24 with nothing in
+/// between. A message that waited, uncharged, while its endpoint's breaker was open says so.
+#[tokio::test]
+async fn a_message_that_waited_for_the_breaker_says_so_in_its_history() {
+    let (mock, down) = switchable().await;
+    let s = server_with(&mock.url("/hook"), "concurrency = 4", true, 1000, "50ms").await;
+    let mut failed_first = Vec::new();
+    for i in 0..30 {
+        failed_first.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    loop {
+        let (_, list) = s.get("/v1/endpoints").await;
+        if list["endpoints"][0]["state"] == "open" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Published while the breaker is open: never attempted before the recovery.
+    let mut fresh = Vec::new();
+    for i in 0..5 {
+        fresh.push(id_of(
+            &s.publish("hooks", json!({"payload": 100 + i})).await,
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut breaker_waits = 0;
+    for id in failed_first.iter().chain(&fresh) {
+        let m = until_state(&s, id, "done").await;
+        assert_waits_bounded(&m);
+        let h = m["history"].as_array().unwrap();
+        for (i, w) in waits(&m) {
+            // Right before the attempt it held back (after any other wait of that attempt),
+            // for the same attempt number.
+            let next = h[i..].iter().find(|e| e["event"] != "waited").unwrap();
+            assert!(next["event"] == "acked" || next["event"] == "failed", "{m}");
+            assert_eq!(w["attempt"], next["attempt"], "{m}");
+            assert!(
+                w["at"].as_str().unwrap() <= next["at"].as_str().unwrap(),
+                "{m}"
+            );
+            // The first wait of an attempt began when the message was due (its retry time,
+            // or its publish for a first attempt), or when it was leased soon after and
+            // parked.
+            if i == 0 || h[i - 1]["event"] != "waited" {
+                let due = if i == 0 {
+                    &m["created_at"]
+                } else {
+                    &h[i - 1]["retry_at"]
+                };
+                let since = ts_ms(&w["since"]) - ts_ms(due);
+                assert!((0..1_000).contains(&since), "{since} ms after due: {m}");
+            }
+            if w["for"] == "breaker" {
+                breaker_waits += 1;
+            }
+        }
+    }
+    // The breaker stayed open ~5 s: every message due in that time waited for it.
+    assert!(breaker_waits >= 30, "only {breaker_waits} breaker waits");
+    for id in &fresh {
+        let m = s.message(id).await;
+        let h = &m["history"][0];
+        assert_eq!(h["event"], "waited", "{m}");
+        assert_eq!(h["for"], "breaker", "{m}");
+        assert_eq!(h["attempt"], 1, "{m}");
+    }
+    // Waiting charged nothing: one attempt per call the endpoint got.
+    let ids: Vec<String> = failed_first.iter().chain(&fresh).cloned().collect();
+    assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
+    // The console's timeline says it in words.
+    let (status, page) = s.get_text(&format!("/ui/messages/{}", fresh[0])).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("waited for the endpoint&#39;s breaker since")
+            || page.contains("waited for the endpoint's breaker since"),
+        "{page}"
+    );
+    s.stop().await;
+}
+
+/// A retry the budget refuses is parked again and again; its history gets one `waited`
+/// entry for the budget, counting the parks, not one per park.
+#[tokio::test]
+async fn a_retry_parked_by_the_budget_gets_one_waited_entry_however_often_it_is_parked() {
+    let (mock, down) = switchable().await;
+    let extra = "breaker = false\nretry_budget = 0.1";
+    let s = server_with(&mock.url("/hook"), extra, true, 1000, "20ms").await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    // Let the budget park retries for a few of its 1 s refusals.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut parked_many = 0;
+    for id in &ids {
+        let m = until_state(&s, id, "done").await;
+        assert_waits_bounded(&m);
+        for (_, w) in waits(&m) {
+            if w["for"] == "budget" {
+                let parks = w["parks"].as_u64().unwrap_or(0);
+                assert!(parks >= 1, "a budget wait is a park: {m}");
+                if parks >= 2 {
+                    parked_many += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        parked_many >= 1,
+        "no retry was parked twice by the budget (or each park got its own entry)"
+    );
+    assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
+    s.stop().await;
+}

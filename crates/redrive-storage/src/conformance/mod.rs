@@ -235,6 +235,7 @@ macro_rules! conformance_tests {
                 release_takes_the_attempt_back,
                 release_until_later_schedules,
                 release_of_a_stale_lease_is_refused,
+                wait_notes_are_one_entry_per_episode_before_the_attempt,
                 returned_fails_the_delivered_attempt_once,
                 returned_before_the_ack_wins_over_it,
                 returned_until_dead,

@@ -488,7 +488,11 @@ async fn republish_loop(
                     .republish_refused
                     .fetch_add(1, Ordering::Relaxed);
                 let until = engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
-                releases.push(Release { lease, until });
+                releases.push(Release {
+                    lease,
+                    until,
+                    waited: Vec::new(),
+                });
             }
         }
         // The consumer may already have rejected a copy (the return wins): its ack is then

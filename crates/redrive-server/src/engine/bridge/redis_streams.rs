@@ -372,7 +372,13 @@ async fn republish_loop(
                         .republish_refused
                         .fetch_add(1, Ordering::Relaxed);
                     let until = engine.clock().now().plus_ms(1_000);
-                    let _ = engine.release(vec![Release { lease, until }]).await;
+                    let _ = engine
+                        .release(vec![Release {
+                            lease,
+                            until,
+                            waited: Vec::new(),
+                        }])
+                        .await;
                     return Err(e);
                 }
             }
