@@ -19,8 +19,8 @@
 //!   never dropped.
 //! - Waiting shows in the timeline (SPEC §10): a park notes what the message waits for
 //!   (`Release::waited`), and a message leased at least [`WAIT_NOTE_MIN_MS`] after it was
-//!   due, while its endpoint refused calls (the breaker was open, the pace or the
-//!   concurrency limit held the worker back), gets the same note with its attempt
+//!   due, while its endpoint refused calls (the breaker was open, the pace or the rate
+//!   limit held the worker back), gets the same note with its attempt
 //!   (`Ack::waited` / `Nack::waited`): a `waited` history entry, one per wait episode and
 //!   reason however often it is parked ([`redrive_core::note_wait`]).
 //! - A message's headers never replace the request's own (SPEC §10): transport and
@@ -93,22 +93,20 @@ fn waited_for(reason: WaitReason) -> WaitedFor {
 }
 
 /// When an endpoint last refused a call, per reason (engine clock, ms): a message leased late
-/// waited for what refused calls after it was due.
+/// waited for what refused calls after it was due. Not the concurrency limit: a backlog
+/// behind an endpoint that takes all the calls it is allowed is a queue, not a wait for the
+/// endpoint, and noting it would add a write to every message of a busy healthy endpoint
+/// (a park for it is still noted).
 #[derive(Debug, Default)]
 struct Refusals {
     /// Indexed like [`Refusals::ORDER`].
-    last_ms: [Option<i64>; 4],
+    last_ms: [Option<i64>; 3],
 }
 
 impl Refusals {
     /// The reasons in the order a wait is named by: the breaker first (it holds everything
-    /// back), then the budget, the concurrency limit, the pace.
-    const ORDER: [WaitReason; 4] = [
-        WaitReason::Breaker,
-        WaitReason::Budget,
-        WaitReason::Concurrency,
-        WaitReason::Rate,
-    ];
+    /// back), then the budget, then the pace (or rate limit).
+    const ORDER: [WaitReason; 3] = [WaitReason::Breaker, WaitReason::Budget, WaitReason::Rate];
 
     fn seen(&mut self, reason: WaitReason, at_ms: i64) {
         if let Some(i) = Self::ORDER.iter().position(|r| *r == reason) {
