@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The retry-storm benchmark of push delivery (docs/PERFORMANCE.md, "Retry storm"): a fresh
-# release server pushes two queues to two mock endpoints run by `redrive bench --workload
-# storm` (capacity 250 requests/s each, down for 60 s: connections refused, then 503):
-# storm-on with the default protection, storm-off with breaker = false and retry_budget = 0
-# (plain exponential backoff with full jitter). Same run, same machine, side by side.
+# release server per case pushes two queues to two mock endpoints run by `redrive bench
+# --workload storm` (capacity 250 requests/s each; down for a while: connections refused,
+# then 503): storm-on with the default protection, storm-off with breaker = false and
+# retry_budget = 0 (plain exponential backoff with full jitter). Same run, same machine, side
+# by side.
 #
-#   scripts/bench_storm.sh
-#   ARRIVALS=120s OUTAGE=30s scripts/bench_storm.sh      # a shorter run
+# The cases (CASES, default "60 30 15": the outage in seconds):
+#   60  the design note's storm: 200 msg/s for 300 s, down after 30 s for 60 s (20 s refused)
+#   30  issue 15's: 100 msg/s for 120 s, down after 30 s for 30 s (10 s refused)
+#   15  100 msg/s for 100 s, down after 30 s for 15 s (5 s refused)
+#
+#   scripts/bench_storm.sh                       # the three cases, ~15 minutes
+#   CASES=30 scripts/bench_storm.sh              # one of them
+#   OUTAGE=45s REFUSED=15s RATE=150 ARRIVALS=150s scripts/bench_storm.sh   # a shape of your own
 #
 # Both queues retry as the design note's simulation does: 8 attempts, exponential from 1 s
 # ×2 capped at 60 s, full jitter, max_age 15 m.
@@ -16,12 +23,9 @@ cd "$(dirname "$0")/.."
 PORT=${PORT:-7078}
 ON=${ON:-127.0.0.1:18181}
 OFF=${OFF:-127.0.0.1:18182}
-RATE=${RATE:-200}
 CAPACITY=${CAPACITY:-250}
 BEFORE=${BEFORE:-30s}
-OUTAGE=${OUTAGE:-60s}
-REFUSED=${REFUSED:-20s}
-ARRIVALS=${ARRIVALS:-300s}
+CASES=${CASES:-60 30 15}
 
 # shellcheck source=bench_server.sh
 source scripts/bench_server.sh
@@ -57,11 +61,33 @@ retry_budget = 0
 $(policy)
 TOML
 
+# One case: rate, arrivals, outage, refused, then any extra bench flags.
+run_case() {
+  local rate=$1 arrivals=$2 outage=$3 refused=$4
+  shift 4
+  echo
+  echo "== outage $outage ($refused refused), $rate msg/s for $arrivals =="
+  start "$WORK/data-$outage-$rate"
+  "$BIN" bench --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
+    --storm-rate "$rate" --storm-capacity "$CAPACITY" --storm-before "$BEFORE" \
+    --storm-outage "$outage" --storm-refused "$refused" --storm-arrivals "$arrivals" \
+    --timeout 20m "$@"
+  stop
+}
+
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
-echo "commit: $(git rev-parse --short HEAD)"
-start "$WORK/data"
-"$BIN" bench --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
-  --storm-rate "$RATE" --storm-capacity "$CAPACITY" --storm-before "$BEFORE" \
-  --storm-outage "$OUTAGE" --storm-refused "$REFUSED" --storm-arrivals "$ARRIVALS" \
-  --timeout 20m "$@"
-stop
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "${OUTAGE:-}" ]; then
+  run_case "${RATE:-200}" "${ARRIVALS:-300s}" "$OUTAGE" "${REFUSED:-0s}" "$@"
+else
+  for c in $CASES; do
+    case "$c" in
+      60) run_case 200 300s 60s 20s "$@" ;;
+      30) run_case 100 120s 30s 10s "$@" ;;
+      15) run_case 100 100s 15s 5s "$@" ;;
+      *) echo "unknown case $c (60, 30 or 15; or set OUTAGE, REFUSED, RATE, ARRIVALS)" >&2; exit 2 ;;
+    esac
+    echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  done
+fi

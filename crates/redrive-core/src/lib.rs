@@ -40,7 +40,8 @@ pub use error_class::{ErrorClass, Failure, ENDPOINT_GONE};
 pub use fingerprint::fingerprint;
 pub use id::{IdError, MessageId};
 pub use message::{
-    AttemptResponse, DeadReason, HistoryEntry, HistoryEvent, LastError, Message, NewMessage, State,
+    note_wait, AttemptResponse, DeadReason, HistoryEntry, HistoryEvent, LastError, Message,
+    NewMessage, State, Waited, WaitedFor,
 };
 pub use queue_name::{validate_queue_name, QueueNameError, MAX_QUEUE_NAME_BYTES};
 pub use queue_settings::{OnDead, Ordering, QueueCatalog, QueueSettings};

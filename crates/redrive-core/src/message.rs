@@ -186,6 +186,108 @@ pub enum HistoryEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// Push delivery: the message was due but waited, uncharged, for its endpoint (SPEC §10:
+    /// "says so in its timeline"). One entry per wait episode: between two attempts a
+    /// message has at most one per [`WaitedFor`], updated while the wait goes on
+    /// ([`note_wait`]); the entry's `at` is the latest moment it was seen waiting.
+    Waited {
+        /// What it waited for.
+        #[serde(rename = "for")]
+        waited_for: WaitedFor,
+        /// Since when (it was due then, or the wait began then).
+        since: Timestamp,
+        /// How many times it was leased and handed back meanwhile (0: it waited in the
+        /// store, not leased, e.g. while the breaker was open).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        parks: u32,
+    },
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What a push message waited for (SPEC §10, "Downstream protection").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitedFor {
+    /// The endpoint's circuit breaker was open (or its half-open probe was out).
+    Breaker,
+    /// The endpoint's release pace after an outage, or its configured rate limit.
+    Pace,
+    /// The endpoint's retry budget had no room for another retry.
+    Budget,
+    /// The endpoint had as many calls in flight as its `concurrency`.
+    Concurrency,
+}
+
+impl WaitedFor {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Breaker => "breaker",
+            Self::Pace => "pace",
+            Self::Budget => "budget",
+            Self::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// A wait to note in a message's history (see [`note_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waited {
+    /// What it waited for.
+    pub waited_for: WaitedFor,
+    /// Since when.
+    pub since: Timestamp,
+    /// It was leased and handed back (a park), rather than left waiting in the store.
+    pub parked: bool,
+}
+
+/// Note in `history` that the message waited (`wait`, seen at `at`) before its attempt
+/// `attempt`. Bounded: among the `waited` entries since the last other entry, one of the same
+/// [`WaitedFor`] is updated (its `at`, its `parks`, the earlier `since`) rather than a new one
+/// added, so a message parked a thousand times in an outage has one entry per reason, not a
+/// thousand. Returns whether an entry was added (else one was updated).
+pub fn note_wait(
+    history: &mut Vec<HistoryEntry>,
+    attempt: u32,
+    wait: Waited,
+    at: Timestamp,
+) -> bool {
+    let parks = u32::from(wait.parked);
+    let run = history
+        .iter()
+        .rposition(|h| !matches!(h.event, HistoryEvent::Waited { .. }))
+        .map_or(0, |i| i + 1);
+    for h in &mut history[run..] {
+        if let HistoryEvent::Waited {
+            waited_for,
+            since,
+            parks: n,
+        } = &mut h.event
+        {
+            if *waited_for == wait.waited_for {
+                *since = (*since).min(wait.since);
+                *n = n.saturating_add(parks);
+                h.at = h.at.max(at);
+                h.attempt = attempt;
+                return false;
+            }
+        }
+    }
+    history.push(HistoryEntry {
+        attempt,
+        at,
+        leased_at: None,
+        event: HistoryEvent::Waited {
+            waited_for: wait.waited_for,
+            since: wait.since.min(at),
+            parks,
+        },
+        response: None,
+    });
+    true
 }
 
 /// One entry of a message's history: an attempt's outcome or an operator action.
@@ -207,8 +309,8 @@ pub struct HistoryEntry {
 }
 
 /// What an endpoint answered to one push attempt (SPEC §10), kept in the attempt's history
-/// entry so an operator sees why each attempt failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// entry so an operator sees why each attempt failed, and what the request left out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct AttemptResponse {
     /// The HTTP status; absent when there was no answer (timeout, connection error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -219,6 +321,11 @@ pub struct AttemptResponse {
     /// or what went wrong when there was no answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// The message's headers the request did not carry because the server owns them
+    /// (`host`, `content-length`, `content-type`, `webhook-*` …; SPEC §10): publish refuses
+    /// them on a push queue, so only a message stored before its queue was a push queue has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_headers: Vec<String>,
 }
 
 /// A message as stored and shown.
@@ -357,6 +464,103 @@ mod tests {
         for code in [5u8, 9, 42, 255] {
             assert_eq!(State::from_code(code), None, "{code}");
         }
+    }
+
+    fn waited(waited_for: WaitedFor, since: i64, parked: bool) -> Waited {
+        Waited {
+            waited_for,
+            since: Timestamp::from_millis(since),
+            parked,
+        }
+    }
+
+    #[test]
+    fn a_wait_is_one_entry_per_episode_and_reason_however_often_it_is_noted() {
+        let t = Timestamp::from_millis;
+        let mut h = vec![HistoryEntry {
+            attempt: 1,
+            at: t(1_000),
+            leased_at: Some(t(900)),
+            event: HistoryEvent::Acked,
+            response: None,
+        }];
+        // Parked 1,000 times for the budget, with the breaker in between: two entries.
+        assert!(note_wait(
+            &mut h,
+            2,
+            waited(WaitedFor::Budget, 2_000, true),
+            t(2_000)
+        ));
+        for i in 1..1_000 {
+            let kind = if i % 10 == 0 {
+                WaitedFor::Breaker
+            } else {
+                WaitedFor::Budget
+            };
+            note_wait(
+                &mut h,
+                2,
+                waited(kind, 2_000 + i, kind == WaitedFor::Budget),
+                t(2_000 + i),
+            );
+        }
+        assert_eq!(h.len(), 3, "{h:?}");
+        assert_eq!(
+            h[1].event,
+            HistoryEvent::Waited {
+                waited_for: WaitedFor::Budget,
+                since: t(2_000),
+                parks: 901
+            }
+        );
+        assert_eq!(h[1].at, t(2_999));
+        assert_eq!(
+            h[2].event,
+            HistoryEvent::Waited {
+                waited_for: WaitedFor::Breaker,
+                since: t(2_010),
+                parks: 0
+            }
+        );
+        assert_eq!(h[2].at, t(2_990));
+        // Each reason at most once between two attempts, whatever the order.
+        for (i, kind) in [
+            WaitedFor::Pace,
+            WaitedFor::Concurrency,
+            WaitedFor::Pace,
+            WaitedFor::Budget,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            note_wait(&mut h, 2, waited(kind, 3_000, false), t(3_000 + i as i64));
+        }
+        assert_eq!(h.len(), 5, "{h:?}");
+        // After the next attempt, a new episode.
+        h.push(HistoryEntry {
+            attempt: 2,
+            at: t(4_000),
+            leased_at: Some(t(3_900)),
+            event: HistoryEvent::Acked,
+            response: None,
+        });
+        assert!(note_wait(
+            &mut h,
+            3,
+            waited(WaitedFor::Budget, 5_000, true),
+            t(5_100)
+        ));
+        assert_eq!(h.len(), 7);
+        let v = serde_json::to_value(&h[6]).unwrap();
+        assert_eq!(v["event"], "waited");
+        assert_eq!(v["for"], "budget");
+        assert_eq!(v["parks"], 1);
+        assert_eq!(v["attempt"], 3);
+        let back: HistoryEntry = serde_json::from_value(v).unwrap();
+        assert_eq!(back, h[6]);
+        // An in-store wait has no `parks`.
+        let v = serde_json::to_value(&h[2]).unwrap();
+        assert!(v.get("parks").is_none(), "{v}");
     }
 
     #[test]

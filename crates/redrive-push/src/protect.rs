@@ -29,30 +29,45 @@
 //!   healthy endpoint that fails a few percent, and overload answers interleave successes).
 //! - *Open*: nothing is admitted ([`WaitReason::Breaker`], until the end of the open
 //!   period). The period is `open_ms` (default 5 s) when opened from Closed or
-//!   Recovering; **each consecutive failed probe doubles it, up to `max(open_ms, 30 s)`**
-//!   (a downstream that is down for long is probed less often: one probe per 30 s instead
-//!   of one per 5 s).
+//!   Recovering; **after a failed probe it is a tenth of the outage so far**
+//!   ([`PROBE_FRACTION`]; the outage began when the breaker opened from Closed), at least
+//!   `open_ms` and at most `max(open_ms, 30 s)`: a recovery is seen within 5 s during the
+//!   first 50 s, within a tenth of the outage after, and a downstream down for long is
+//!   probed once per 30 s. (Until issue 15 each failed probe doubled it: 5, 10, 20, 30 s,
+//!   so a 30 s outage was seen 5 s late, a 60 s one 5 s late and a 100 s one 25 s late.)
 //! - *Open → HalfOpen* when the period ends (checked lazily by every method).
 //! - *HalfOpen*: exactly one call (the probe) is admitted at a time; others wait
 //!   ([`WaitReason::Breaker`], polled every 50 ms; the caller also wakes on `record`).
 //!   The first outcome recorded while the probe is out decides: Success → *Recovering*,
-//!   Failure → *Open* again (doubled). The server cannot tell a late call (made before the
+//!   Failure → *Open* again. The server cannot tell a late call (made before the
 //!   breaker opened) from the probe; either tells how the endpoint is now. Outcomes recorded
 //!   while no probe is out, or while Open, do not move the breaker.
-//! - *Recovering*: calls are admitted at the AIMD pace (starting at 5/s). After
+//! - *Recovering*: calls are admitted at the AIMD pace (starting where the endpoint was
+//!   before the outage, see below). After
 //!   `trickle_calls` (default 20) outcomes recorded in Recovering with `failures / calls <=
 //!   failure_ratio` → *Closed* (window emptied); as soon as the ratio is above it with at
 //!   least `min(min_calls, trickle_calls)` outcomes → *Open* (period `open_ms`).
 //! - `opened_total` counts every entry into Open.
 //!
 //! **AIMD pace** (only with a breaker; without one, "protection off": no breaker, no pace).
-//! `None` means unpaced, the initial state, so a fresh endpoint is never throttled. The
-//! outcomes recorded in each whole second (by `now_ms / 1000`) are looked at when that
-//! second is over:
-//! - entering Recovering sets the pace to 5/s;
+//! `None` means unpaced, the initial state, so a fresh endpoint is never throttled.
+//! - **entering Recovering sets the pace to what the endpoint accepted before the outage**:
+//!   the most successes of one second in the [`ACCEPTED_MEMORY_S`] (10) seconds before the
+//!   breaker opened from Closed (remembered through failed probes and reopenings), or 5/s
+//!   when it accepted nothing;
+//! - **slow start**: from there until the first failure, each success adds
+//!   [`SLOW_START_STEP`] (ln 2) to the pace while the pace is what holds calls back (a call
+//!   waited for a pace token in this second or the one before), so the pace doubles about
+//!   every second while the endpoint takes everything, like TCP's window per round trip;
+//!   the first failure ends it at once: pace × [`PACE_DECREASE`];
+//!
+//! Then, after the slow start (and for an endpoint paced under overload), the outcomes
+//! recorded in each whole second (by `now_ms / 1000`) are looked at when that second is over:
 //! - a second with outcomes and no failure: pace += 10/s (when paced);
 //! - a second in which more than 1 % of the outcomes failed: pace × [`PACE_DECREASE`] (0.8;
-//!   the design note's 0.5 is tuned, see below); when unpaced, it takes at least 5
+//!   the design note's 0.5 is tuned, see below), or [`NEAR_CAPACITY`] (0.95) × the successes
+//!   of that second if that is more (the pace just passed the capacity: back to just under
+//!   it, not a fifth below); when unpaced, it takes at least 5
 //!   outcomes and more than the breaker's `failure_ratio` of failures in a second, and the
 //!   pace starts at half the outcomes of that second per second; **and never above the successes of that second**
 //!   (what the endpoint accepted; an addition to the note, see below); never below 1/s;
@@ -83,6 +98,17 @@
 //!   after the outage with 0.5, 218 s with 0.8 (212 s with 0.9; no design that keeps
 //!   serving new messages can do better than 192 s). Peaks are the same (1.1 × capacity).
 //! - The +10/s step, the 1 % threshold and the 5/s start are the note's.
+//! - *Issue 15: a short outage drains as fast as a long one.* Restarting at 5/s and adding
+//!   10/s per second takes 25 s to reach 250/s whatever the outage, so a short outage's
+//!   drain was mostly ramp: 100 msg/s into the 250/s endpoint, a 30 s outage drained in
+//!   1.75× the bound in the benchmark, and the simulation's 15 s outage in 3.1×. The
+//!   remembered rate, the per-success slow start, [`NEAR_CAPACITY`] and the probe period
+//!   of a tenth of the outage bring the simulated 15 s, 30 s and 60 s outages (at 100/s and
+//!   200/s) to at most 1.10× (test `short_outages_drain_within_1_3_times_the_bound`), the
+//!   note's storm to 1.01× its bound, with peaks at most 1.16× the capacity. A slow start
+//!   per second instead of per success (× 1.3 or × 1.5 at each second's end) still drained
+//!   the 15 s outage in 1.34×, or peaked at 1.63× the capacity: a second at the pace is
+//!   too long a round trip.
 //!
 //! *Flaky endpoints*: an unpaced endpoint starts being paced only when a second fails as
 //! much as would open the breaker (`failure_ratio`), not at 1 %: an endpoint that keeps
@@ -115,15 +141,33 @@ use std::collections::VecDeque;
 
 /// Multiplicative decrease of the AIMD pace (the design note has 0.5; see the module docs).
 pub const PACE_DECREASE: f64 = 0.8;
+/// A failing second in which the endpoint still accepted most calls (the pace just passed its
+/// capacity) sets the pace to this share of what it accepted, if that is above
+/// `pace × PACE_DECREASE`.
+pub const NEAR_CAPACITY: f64 = 0.95;
 /// Additive increase of the AIMD pace per second without failures, calls/s.
 pub const PACE_INCREASE: f64 = 10.0;
-/// The pace on entering Recovering, calls/s.
+/// The pace on entering Recovering when nothing is remembered of the endpoint (it never
+/// accepted a call in the [`ACCEPTED_MEMORY_S`] seconds before the outage), calls/s.
 pub const PACE_START: f64 = 5.0;
+/// Slow start: from entering Recovering until the first failure, each success adds this to
+/// the pace (calls/s) while the pace is what holds the calls back (a call waited for a pace
+/// token in this second or the one before): the pace doubles about every second, as TCP's
+/// window does per round trip, and stops growing at the first failure instead of at the end
+/// of a second. Then [`PACE_INCREASE`] per good second (AIMD).
+pub const SLOW_START_STEP: f64 = std::f64::consts::LN_2;
+/// The pace after an outage starts from the most calls the endpoint accepted in one second
+/// over this many seconds before its breaker opened.
+pub const ACCEPTED_MEMORY_S: u64 = 10;
+/// After a failed probe the breaker stays open this share of the outage so far (at least
+/// `open_ms`, at most `max(open_ms, MAX_OPEN_MS)`): the recovery is seen at most ~10 % of the
+/// outage late, so a short outage drains about as fast, relative to its length, as a long one.
+pub const PROBE_FRACTION: f64 = 0.1;
 /// Retries every budget window admits whatever the first attempts.
 pub const BUDGET_FLOOR: u64 = 10;
 /// The retry budget's sliding window, ms.
 pub const BUDGET_WINDOW_MS: u64 = 10_000;
-/// The longest open period after consecutive failed probes (unless `open_ms` is longer).
+/// The longest open period after failed probes (unless `open_ms` is longer).
 pub const MAX_OPEN_MS: u64 = 30_000;
 
 /// Outcomes a second needs before its failures start pacing an unpaced endpoint.
@@ -146,7 +190,8 @@ pub struct BreakerConfig {
     pub min_calls: u32,
     /// Opens when failures / calls is above this.
     pub failure_ratio: f64,
-    /// How long it stays open before the probe, ms (doubled per failed probe, see the module docs).
+    /// How long it stays open before the probe, ms (after a failed probe: a tenth of the
+    /// outage so far, at least this; see the module docs).
     pub open_ms: u64,
     /// Outcomes recorded in Recovering before it closes.
     pub trickle_calls: u32,
@@ -448,6 +493,19 @@ pub struct Protection {
     budget: VecDeque<BudgetCounts>,
     /// The kind of the latest acquisition (for `cancel`).
     last_acquired_retry: bool,
+    /// Successes of each of the last [`ACCEPTED_MEMORY_S`] whole seconds that had any.
+    accepted: VecDeque<(u64, u32)>,
+    /// What the endpoint accepted before the outage, calls/s (0: nothing known); set when
+    /// the breaker opens from Closed, kept through the outage, the ramp's start.
+    remembered_per_s: f64,
+    /// The pace grows by [`SLOW_START_STEP`] per success (from entering Recovering until the
+    /// first failure), else by [`PACE_INCREASE`] per good second.
+    slow_start: bool,
+    /// The last second (`now / 1000`) in which the pace refused a call: the pace, not the
+    /// demand, was what held calls back.
+    pace_limited_sec: Option<u64>,
+    /// When the breaker first opened in this outage (opened from Closed).
+    down_since_ms: u64,
 }
 
 impl Protection {
@@ -494,6 +552,11 @@ impl Protection {
             rate_bucket,
             budget: VecDeque::new(),
             last_acquired_retry: false,
+            accepted: VecDeque::new(),
+            remembered_per_s: 0.0,
+            slow_start: false,
+            pace_limited_sec: None,
+            down_since_ms: now_ms,
         }
     }
 
@@ -525,7 +588,7 @@ impl Protection {
     /// refused by the budget.
     pub fn try_acquire(&mut self, now_ms: u64, is_retry: bool) -> Result<(), Wait> {
         let now = self.tick(now_ms);
-        self.check_at(now, is_retry)?;
+        self.checked(now, is_retry)?;
         self.in_flight += 1;
         if let Some(b) = &mut self.rate_bucket {
             b.take();
@@ -556,7 +619,22 @@ impl Protection {
     /// [`Protection::admissible`] for a first attempt (`is_retry = false`) or a retry.
     pub fn check(&mut self, now_ms: u64, is_retry: bool) -> Result<(), Wait> {
         let now = self.tick(now_ms);
-        self.check_at(now, is_retry)
+        self.checked(now, is_retry)
+    }
+
+    /// [`Protection::check_at`], remembering when the pace (not the rate limit) refused.
+    fn checked(&mut self, now: u64, is_retry: bool) -> Result<(), Wait> {
+        let r = self.check_at(now, is_retry);
+        if let Err(w) = r {
+            let pace_empty = self
+                .pace_bucket
+                .as_ref()
+                .is_some_and(|b| b.ready().is_err());
+            if w.reason == WaitReason::Rate && pace_empty {
+                self.pace_limited_sec = Some(now / 1000);
+            }
+        }
+        r
     }
 
     /// An acquired call that was not made after all: in flight − 1, the rate and pace
@@ -612,6 +690,17 @@ impl Protection {
         } else {
             0
         };
+        if self.slow_start {
+            if let Some(p) = self.pace {
+                if failed {
+                    // The capacity is found: back off now, AIMD from here.
+                    self.slow_start = false;
+                    self.set_pace(Some(p * PACE_DECREASE), now);
+                } else if self.pace_limited_sec.is_some_and(|s| s + 1 >= now / 1000) {
+                    self.set_pace(Some(p + SLOW_START_STEP), now);
+                }
+            }
+        }
         let Some(cfg) = self.config.breaker else {
             self.count_in_window(now, failed);
             return;
@@ -623,6 +712,18 @@ impl Protection {
                 let ratio_over = calls >= cfg.min_calls
                     && f64::from(failures) / f64::from(calls) > cfg.failure_ratio;
                 if ratio_over || self.consecutive_failures >= cfg.min_calls.max(1) {
+                    // A new outage: remember what the endpoint took before it.
+                    let this_second = self.second.calls - self.second.failures;
+                    self.remembered_per_s = f64::from(
+                        self.accepted
+                            .iter()
+                            .filter(|(sec, _)| sec + ACCEPTED_MEMORY_S > now / 1000)
+                            .map(|(_, n)| *n)
+                            .chain([this_second])
+                            .max()
+                            .unwrap_or(0),
+                    );
+                    self.down_since_ms = now;
                     self.open(now, cfg.open_ms);
                 }
             }
@@ -632,13 +733,18 @@ impl Protection {
                     self.probe_out = false;
                     if failed {
                         let cap = cfg.open_ms.max(MAX_OPEN_MS);
-                        let period = self.open_period_ms.saturating_mul(2).min(cap);
+                        let down_for = now.saturating_sub(self.down_since_ms);
+                        let period =
+                            ((down_for as f64 * PROBE_FRACTION) as u64).clamp(cfg.open_ms, cap);
                         self.open(now, period);
                     } else {
                         self.enter(BreakerState::Recovering, now);
                         self.recovering_calls = 0;
                         self.recovering_failures = 0;
-                        self.set_pace(Some(PACE_START), now);
+                        // The ramp starts where the endpoint was before the outage, and
+                        // grows fast until a second fails (slow start).
+                        self.set_pace(Some(self.remembered_per_s.max(PACE_START)), now);
+                        self.slow_start = true;
                     }
                 }
             }
@@ -749,6 +855,17 @@ impl Protection {
         }
         let calls = f64::from(ended.calls);
         let failures = f64::from(ended.failures);
+        if ended.calls > ended.failures {
+            self.accepted
+                .push_back((ended.sec, ended.calls - ended.failures));
+        }
+        while self
+            .accepted
+            .front()
+            .is_some_and(|(sec, _)| sec + ACCEPTED_MEMORY_S <= ended.sec)
+        {
+            self.accepted.pop_front();
+        }
         // Paced, the endpoint is recovering or overloaded: 1 % failures slow it down.
         // Unpaced, it takes as many failures as would open the breaker to start pacing, so
         // a closed endpoint that fails a few percent of calls for other reasons (a flaky
@@ -761,19 +878,26 @@ impl Protection {
         // start pacing a quiet endpoint.
         let enough = self.pace.is_some() || ended.calls >= PACE_START_MIN_CALLS;
         if enough && ended.calls > 0 && failures > threshold * calls {
+            let accepted = calls - failures;
             let pace = match self.pace {
-                Some(p) => p * PACE_DECREASE,
+                // Just over what the endpoint takes (it accepted most calls): back to just
+                // under that, not a fifth below the pace.
+                Some(p) => (p * PACE_DECREASE).max(accepted * NEAR_CAPACITY),
                 None => calls / 2.0,
             };
-            // Never more than the endpoint accepted in that second.
-            let pace = pace.min(calls - failures);
+            // Never more than the endpoint accepted in that second, and never up.
+            let pace = pace.min(accepted).min(self.pace.unwrap_or(f64::INFINITY));
             self.set_pace(Some(pace), now);
+            self.slow_start = false;
             self.slack_seconds = 0;
             return;
         }
         if ended.calls > 0 && ended.failures == 0 {
             if let Some(p) = self.pace {
-                self.set_pace(Some(p + PACE_INCREASE), now);
+                // In slow start the pace grew with each success already.
+                if !self.slow_start {
+                    self.set_pace(Some(p + PACE_INCREASE), now);
+                }
             }
         }
         // Slack: the seconds ending now, when Closed and paced.
@@ -794,6 +918,7 @@ impl Protection {
         self.slack_seconds = self.slack_seconds.saturating_add(empty);
         if self.slack_seconds >= UNPACE_AFTER_S {
             self.set_pace(None, now);
+            self.slow_start = false;
             self.slack_seconds = 0;
         }
     }
@@ -1112,21 +1237,33 @@ mod tests {
     }
 
     #[test]
-    fn failed_probes_reopen_for_longer_up_to_30_s() {
+    fn failed_probes_reopen_for_a_tenth_of_the_outage_between_open_ms_and_30_s() {
         let mut p = opened_at(0);
         let mut t = 5_000;
-        for period in [10_000, 20_000, 30_000, 30_000] {
+        let mut periods = vec![];
+        while periods.last() != Some(&30_000) {
             assert_eq!(p.try_acquire(t, false), Ok(()), "probe at {t}");
             p.record(t + 10, Outcome::Failure);
             assert_eq!(p.state(), Open);
+            // The outage began at 0, when the breaker first opened.
+            let period = ((t + 10) / 10).clamp(5_000, 30_000);
             let until = t + 10 + period;
             assert_eq!(
                 p.try_acquire(until - 1, false),
                 wait(until, WaitReason::Breaker)
             );
+            periods.push(period);
             t = until;
         }
-        assert_eq!(p.snapshot(t).opened_total, 5);
+        // 5 s while the outage is under 50 s (a recovery is seen within 5 s), then growing
+        // with it (a recovery is seen within a tenth of the outage), then one probe per 30 s.
+        assert!(periods[..9].iter().all(|&p| p == 5_000), "{periods:?}");
+        assert!(periods.windows(2).all(|w| w[0] <= w[1]), "{periods:?}");
+        assert!(
+            t > 300_000 && t < 340_000,
+            "30 s probes from a 300 s outage on: {t}"
+        );
+        assert_eq!(p.snapshot(t).opened_total, 1 + periods.len() as u64);
         // A good probe, then the next opening is back to open_ms.
         p.try_acquire(t, false).unwrap();
         p.record(t, Outcome::Success);
@@ -1240,33 +1377,157 @@ mod tests {
         assert_eq!(p.snapshot(200).opened_total, 1);
     }
 
-    #[test]
-    fn aimd_increases_and_decreases() {
+    /// A protection that recovered at 5 s (nothing remembered: pace 5/s) and whose slow
+    /// start ended with a failure at 5.5 s (× 0.8 = 4/s).
+    fn past_slow_start() -> Protection {
         let mut p = opened_at(0);
         p.try_acquire(5_000, false).unwrap();
         p.record(5_000, Outcome::Success);
-        assert_eq!(p.pace_per_s(), Some(5.0));
-        // A second with outcomes and no failure: +10/s (seen when the next one begins).
-        p.try_acquire(5_500, false).unwrap();
-        p.record(5_500, Outcome::Success);
+        assert_eq!(p.pace_per_s(), Some(PACE_START));
+        paced_call(&mut p, 5_500, Outcome::Failure);
+        assert_eq!(p.pace_per_s(), Some(PACE_START * PACE_DECREASE));
+        p
+    }
+
+    /// Issue 15 §3: the pace restarted at 5/s and added 10/s per second, so a 30 s outage
+    /// drained in 1.75× the bound. It starts from what the endpoint accepted before the
+    /// outage and doubles about every second while calls succeed, until the first failure.
+    #[test]
+    fn the_ramp_starts_at_the_rate_accepted_before_the_outage_and_grows_until_a_failure() {
+        let mut p = Protection::new(config(), 0);
+        // 10 s at 80 accepted per second, then the endpoint fails everything.
+        for s in 0..10 {
+            calls(&mut p, s * 1_000 + 500, 80, Outcome::Success);
+        }
+        calls(&mut p, 10_100, 20, Outcome::Failure);
+        assert_eq!(p.state(), Open);
+        // Down for a while; the probe at 15.1 s succeeds.
+        p.try_acquire(15_100, false).unwrap();
+        p.record(15_100, Outcome::Success);
+        assert_eq!(p.state(), Recovering);
+        assert_eq!(p.pace_per_s(), Some(80.0), "the rate accepted before");
+        // Calls as fast as the pace lets them (a backlog), all succeeding: it grows with
+        // each success, about ×2 per second, not +10/s.
+        let mut t = 15_100;
+        let mut at_16 = None;
+        while t < 17_100 {
+            t = paced_call(&mut p, t, Outcome::Success);
+            if t >= 16_100 && at_16.is_none() {
+                at_16 = p.pace_per_s();
+            }
+        }
+        let at_16 = at_16.unwrap();
+        assert!((140.0..=180.0).contains(&at_16), "{at_16} one second in");
+        let at_17 = p.pace_per_s().unwrap();
+        assert!(
+            at_17 >= 1.8 * at_16 && at_17 <= 2.2 * at_16,
+            "{at_16} → {at_17}"
+        );
+        assert_eq!(p.state(), Closed, "the trickle closed it on the way");
+        // The first failure ends the slow start at once: × 0.8, then +10/s per good second.
+        let t = paced_call(&mut p, t, Outcome::Failure);
+        assert_eq!(p.pace_per_s(), Some(at_17 * PACE_DECREASE));
+        let after = p.pace_per_s().unwrap();
+        let mut t = t;
+        while t < 18_000 {
+            t = paced_call(&mut p, t, Outcome::Success);
+        }
+        assert_eq!(
+            p.pace_per_s(),
+            Some(after),
+            "no growth per success any more"
+        );
+        p.admissible(19_000).ok();
+        assert_eq!(p.pace_per_s(), Some(after + PACE_INCREASE));
+    }
+
+    /// Slow start grows only a pace that holds calls back: successes that never waited for
+    /// a pace token (the backlog is gone) leave it.
+    #[test]
+    fn slow_start_does_not_inflate_a_pace_nobody_uses() {
+        let mut p = opened_at(0);
+        p.try_acquire(5_000, false).unwrap();
+        p.record(5_000, Outcome::Success);
+        for i in 0..5 {
+            let t = 5_300 + i * 300;
+            p.try_acquire(t, false).unwrap();
+            p.record(t, Outcome::Success);
+        }
+        assert_eq!(p.pace_per_s(), Some(PACE_START), "never waited for a token");
+    }
+
+    /// A pace back off just over the capacity lands just under what the endpoint accepted,
+    /// not a fifth below the pace.
+    #[test]
+    fn a_pace_just_over_capacity_backs_off_to_just_under_what_was_accepted() {
+        let mut p = Protection::new(config(), 0);
+        calls(&mut p, 500, 100, Outcome::Success);
+        calls(&mut p, 1_100, 20, Outcome::Failure);
+        p.try_acquire(6_100, false).unwrap();
+        p.record(6_100, Outcome::Success);
+        assert_eq!(p.pace_per_s(), Some(100.0));
+        // At the pace for the rest of the second; the last call fails (the slow start ends,
+        // × 0.8 at once).
+        let mut t = 6_100;
+        while t < 6_990 {
+            t = paced_call(&mut p, t, Outcome::Success);
+        }
+        paced_call(&mut p, t, Outcome::Failure);
+        assert!(!p.slow_start);
+        // A whole second at the pace (AIMD now), its last calls failing: just over capacity.
+        let mut t = 7_000;
+        p.admissible(t).ok();
+        let paced = p.pace_per_s().unwrap();
+        while t < 7_970 {
+            t = paced_call(&mut p, t, Outcome::Success);
+        }
+        for _ in 0..3 {
+            t = paced_call(&mut p, t, Outcome::Failure);
+        }
+        assert!(t < 8_000);
+        let (calls, failures) = (p.second.calls, p.second.failures);
+        assert_eq!(failures, 3);
+        p.admissible(8_000).ok();
+        // More than 1 % failed: not × 0.8, but just under what was accepted.
+        let accepted = f64::from(calls - failures);
+        assert!(
+            accepted * NEAR_CAPACITY > paced * PACE_DECREASE,
+            "{paced} {accepted}"
+        );
+        assert_eq!(p.pace_per_s(), Some((accepted * NEAR_CAPACITY).min(paced)));
+    }
+
+    #[test]
+    fn aimd_increases_and_decreases() {
+        let mut p = past_slow_start();
+        // The second of the failure (5 s: 1 of 2 failed, 1 accepted) cuts it to what was
+        // accepted.
         p.admissible(6_000).ok();
-        assert_eq!(p.pace_per_s(), Some(15.0));
+        assert_eq!(p.pace_per_s(), Some(1.0));
+        // A second with outcomes and no failure: +10/s (seen when the next one begins).
+        p.try_acquire(6_500, false).unwrap();
+        p.record(6_500, Outcome::Success);
+        p.admissible(7_000).ok();
+        assert_eq!(p.pace_per_s(), Some(11.0));
+        fed(&mut p, 7_500, 1, Outcome::Success);
+        p.admissible(8_000).ok();
+        assert_eq!(p.pace_per_s(), Some(21.0));
         // An empty second: no change.
-        p.admissible(7_500).ok();
-        assert_eq!(p.pace_per_s(), Some(15.0));
-        // A second with 1 failure in 15 (> 1 %): × 0.8.
-        fed(&mut p, 8_000, 14, Outcome::Success);
-        fed(&mut p, 8_500, 1, Outcome::Failure);
-        p.admissible(9_000).ok();
-        assert_eq!(p.pace_per_s(), Some(15.0 * PACE_DECREASE));
-        // ... but never above what the endpoint accepted in that second.
-        fed(&mut p, 9_000, 3, Outcome::Success);
-        fed(&mut p, 9_000, 1, Outcome::Failure);
-        p.admissible(10_000).ok();
+        p.admissible(9_500).ok();
+        assert_eq!(p.pace_per_s(), Some(21.0));
+        // 1 failure in 21 (> 1 %): × 0.8, or just under what was accepted if that is more.
+        fed(&mut p, 10_000, 20, Outcome::Success);
+        fed(&mut p, 10_500, 1, Outcome::Failure);
+        p.admissible(11_000).ok();
+        assert_eq!(p.pace_per_s(), Some(20.0 * NEAR_CAPACITY));
+        // ... and never above what the endpoint accepted in that second.
+        fed(&mut p, 11_000, 3, Outcome::Success);
+        fed(&mut p, 11_000, 1, Outcome::Failure);
+        p.admissible(12_000).ok();
         assert_eq!(p.pace_per_s(), Some(3.0));
         // Nothing accepted: the floor of 1/s.
-        fed(&mut p, 10_000, 1, Outcome::Failure);
-        p.admissible(11_000).ok();
+        fed(&mut p, 12_000, 1, Outcome::Failure);
+        p.admissible(13_000).ok();
         assert_eq!(p.pace_per_s(), Some(1.0));
     }
 
@@ -1315,8 +1576,29 @@ mod tests {
         assert_eq!(p.state(), Open);
         p.try_acquire(5_000, false).unwrap();
         p.record(5_000, Outcome::Success);
-        paced_call(&mut p, 5_500, Outcome::Success);
-        p.admissible(6_000).ok();
+        assert_eq!(p.pace_per_s(), Some(PACE_START));
+        // Slow start, calls as fast as allowed: it grows to the rate limit and stays there.
+        let mut t = 5_000;
+        let mut max: f64 = 0.0;
+        while t < 9_000 {
+            t = paced_call(&mut p, t, Outcome::Success);
+            max = max.max(p.pace_per_s().unwrap());
+        }
+        assert_eq!(max, 12.0);
+        assert_eq!(p.pace_per_s(), Some(12.0));
+        // An endpoint that accepted 50/s before the outage restarts at the limit, not at 50.
+        let mut p = Protection::new(
+            ProtectionConfig {
+                rate_limit_per_s: Some(12.0),
+                ..config()
+            },
+            0,
+        );
+        fed(&mut p, 500, 50, Outcome::Success);
+        fed(&mut p, 1_100, 20, Outcome::Failure);
+        assert_eq!(p.state(), Open);
+        p.try_acquire(6_100, false).unwrap();
+        p.record(6_100, Outcome::Success);
         assert_eq!(p.pace_per_s(), Some(12.0));
     }
 
@@ -1640,7 +1922,71 @@ mod tests {
         }
     }
 
-    /// The design note's storm, simulated deterministically in 10 ms steps.
+    mod ramp_props {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(200))]
+
+            /// After an outage the ramp, whatever the endpoint answers: never above
+            /// `rate_limit`, never up on a failure, down at once (× 0.8 at least) on the
+            /// first failure of the slow start, and never more than doubling in a second.
+            #[test]
+            fn the_ramp_stays_under_the_rate_limit_and_backs_off_on_failure(
+                before_per_s in 0u32..400,
+                rate in prop::option::of(1.0f64..500.0),
+                outcomes in prop::collection::vec(prop::bool::weighted(0.9), 1..1_500),
+                gaps in prop::collection::vec(0u64..30, 1_500),
+            ) {
+                let mut p = Protection::new(
+                    ProtectionConfig { rate_limit_per_s: rate, ..config() },
+                    0,
+                );
+                fed(&mut p, 500, before_per_s, Outcome::Success);
+                fed(&mut p, 1_100, 20, Outcome::Failure);
+                prop_assert_eq!(p.state(), Open);
+                p.try_acquire(6_100, false).unwrap();
+                p.record(6_100, Outcome::Success);
+                let start = p.pace_per_s().unwrap();
+                let want = f64::from(before_per_s).max(PACE_START);
+                prop_assert_eq!(start, rate.map_or(want, |r| want.min(r)));
+                let mut t = 6_100;
+                let mut second = (t / 1000, start);
+                for (ok, gap) in outcomes.into_iter().zip(gaps) {
+                    t += gap;
+                    let Ok(()) = p.try_acquire(t, false) else { continue };
+                    let before = p.pace_per_s();
+                    let slow = p.slow_start;
+                    let o = if ok { Outcome::Success } else { Outcome::Failure };
+                    p.record(t, o);
+                    let after = p.pace_per_s();
+                    if let (Some(r), Some(a)) = (rate, after) {
+                        prop_assert!(a <= r + 1e-9, "pace {} over the limit {}", a, r);
+                    }
+                    if let (Some(b), Some(a), false) = (before, after, ok) {
+                        prop_assert!(a <= b + 1e-9, "a failure raised the pace {} → {}", b, a);
+                        if slow {
+                            prop_assert!(!p.slow_start);
+                            prop_assert!(a <= (b * PACE_DECREASE).max(1.0) + 1e-9, "{} → {}", b, a);
+                        }
+                    }
+                    if let Some(a) = after {
+                        if t / 1000 != second.0 {
+                            second = (t / 1000, a);
+                        }
+                        prop_assert!(
+                            a <= 2.0 * second.1 + PACE_INCREASE + 1.0,
+                            "more than doubled within a second: {} → {}", second.1, a
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The design note's storm, simulated deterministically in 10 ms steps, and the shorter
+    /// outages of issue 15 (§3).
     mod storm {
         use super::*;
         use std::cmp::Reverse;
@@ -1648,12 +1994,24 @@ mod tests {
 
         const STEP_MS: u64 = 10;
         const CAPACITY_PER_S: f64 = 250.0;
-        const ARRIVALS_PER_STEP: u64 = 2; // 200/s
-        const PUBLISH_UNTIL_MS: u64 = 300_000;
-        const OUTAGE: (u64, u64) = (60_000, 120_000);
         const RETRY_AFTER_MS: u64 = 1_000;
         const MAX_ATTEMPTS: u32 = 8;
         const END_MS: u64 = 1_200_000;
+
+        /// One storm: messages per second, until when they arrive, and the outage.
+        #[derive(Debug, Clone, Copy)]
+        pub(super) struct Shape {
+            pub rate_per_s: f64,
+            pub publish_until_ms: u64,
+            pub outage: (u64, u64),
+        }
+
+        /// The design note's: 200/s for 300 s, down from 60 s to 120 s.
+        pub(super) const NOTE: Shape = Shape {
+            rate_per_s: 200.0,
+            publish_until_ms: 300_000,
+            outage: (60_000, 120_000),
+        };
 
         #[derive(Debug, Default)]
         pub(super) struct Figures {
@@ -1663,9 +2021,21 @@ mod tests {
             pub outage_calls: u64,
             pub peak_after_recovery: u64,
             pub drained_after_ms: Option<u64>,
+            /// The first time after recovery at which the capacity could have delivered the
+            /// backlog at recovery and everything published since.
+            pub bound_ms: Option<u64>,
             pub dead: u64,
             pub delivered: u64,
             pub opened: u64,
+        }
+
+        impl Figures {
+            pub fn drain_over_bound(&self) -> f64 {
+                match (self.drained_after_ms, self.bound_ms) {
+                    (Some(d), Some(b)) => d as f64 / b.max(1) as f64,
+                    _ => f64::MAX,
+                }
+            }
         }
 
         #[derive(Debug, Clone, Copy)]
@@ -1674,23 +2044,34 @@ mod tests {
             attempts: u32,
         }
 
-        /// The message ids are their publish order, so "oldest first" is "smallest id".
-        pub(super) fn run(config: ProtectionConfig) -> Figures {
+        /// Messages are taken as the server leases them: earliest due first (a fresh message
+        /// is due when published, a retry when its delay ends), so both maps are keyed by
+        /// (due time, id).
+        pub(super) fn run(config: ProtectionConfig, shape: Shape) -> Figures {
+            let (outage_start, outage_end) = shape.outage;
+            let in_outage = |t: u64| (outage_start..outage_end).contains(&t);
             let mut p = Protection::new(config, 0);
             let mut f = Figures::default();
-            let mut fresh: BTreeMap<u64, Msg> = BTreeMap::new();
-            let mut retries: BTreeMap<u64, Msg> = BTreeMap::new();
+            let mut fresh: BTreeMap<(u64, u64), Msg> = BTreeMap::new();
+            let mut retries: BTreeMap<(u64, u64), Msg> = BTreeMap::new();
             let mut scheduled: BinaryHeap<Reverse<(u64, u64, u32)>> = BinaryHeap::new();
             // The endpoint: a token bucket of 250/s holding a tenth of a second.
             let mut capacity = Bucket::new(CAPACITY_PER_S, 0);
             let mut per_second: Vec<u64> = vec![0; (END_MS / 1_000) as usize + 1];
+            let per_step = shape.rate_per_s * STEP_MS as f64 / 1000.0;
+            let drained_at = per_step.ceil() as usize;
+            let mut due_arrivals = 0.0;
             let mut next_id = 0u64;
+            let mut backlog_at_recovery = None;
+            let mut published_since_recovery = 0u64;
             let mut now = 0u64;
             while now < END_MS {
-                if now < PUBLISH_UNTIL_MS {
-                    for _ in 0..ARRIVALS_PER_STEP {
+                if now < shape.publish_until_ms {
+                    due_arrivals += per_step;
+                    while due_arrivals >= 1.0 - 1e-9 {
+                        due_arrivals -= 1.0;
                         fresh.insert(
-                            next_id,
+                            (now, next_id),
                             Msg {
                                 id: next_id,
                                 attempts: 0,
@@ -1698,8 +2079,11 @@ mod tests {
                         );
                         next_id += 1;
                         f.published += 1;
-                        if (OUTAGE.0..OUTAGE.1).contains(&now) {
+                        if in_outage(now) {
                             f.published_in_outage += 1;
+                        }
+                        if now >= outage_end {
+                            published_since_recovery += 1;
                         }
                     }
                 }
@@ -1708,7 +2092,7 @@ mod tests {
                         break;
                     }
                     scheduled.pop();
-                    retries.insert(id, Msg { id, attempts });
+                    retries.insert((due, id), Msg { id, attempts });
                 }
                 capacity.refill(now);
                 let mut retries_refused = false;
@@ -1719,7 +2103,7 @@ mod tests {
                     } else {
                         retries.keys().next().copied()
                     };
-                    let (id, is_retry) = match (oldest_fresh, oldest_retry) {
+                    let (key, is_retry) = match (oldest_fresh, oldest_retry) {
                         (None, None) => break,
                         (Some(a), Some(b)) if b < a => (b, true),
                         (Some(a), _) => (a, false),
@@ -1734,19 +2118,19 @@ mod tests {
                         Err(_) => break,
                     }
                     let msg = if is_retry {
-                        retries.remove(&id)
+                        retries.remove(&key)
                     } else {
-                        fresh.remove(&id)
+                        fresh.remove(&key)
                     };
                     let Some(mut msg) = msg else {
                         unreachable!("the id was a key")
                     };
                     f.calls += 1;
                     per_second[(now / 1_000) as usize] += 1;
-                    if (OUTAGE.0..OUTAGE.1).contains(&now) {
+                    if in_outage(now) {
                         f.outage_calls += 1;
                     }
-                    let up = !(OUTAGE.0..OUTAGE.1).contains(&now) && capacity.ready().is_ok();
+                    let up = !in_outage(now) && capacity.ready().is_ok();
                     if up {
                         capacity.take();
                         p.record(now, Outcome::Success);
@@ -1763,17 +2147,23 @@ mod tests {
                 }
                 now += STEP_MS;
                 let backlog = fresh.len() + retries.len() + scheduled.len();
-                if now > OUTAGE.1
-                    && f.drained_after_ms.is_none()
-                    && backlog <= ARRIVALS_PER_STEP as usize
-                {
-                    f.drained_after_ms = Some(now - OUTAGE.1);
+                if now == outage_end {
+                    backlog_at_recovery = Some(backlog as u64);
                 }
-                if now >= PUBLISH_UNTIL_MS && backlog == 0 {
+                if let (Some(b), None) = (backlog_at_recovery, f.bound_ms) {
+                    let t = now - outage_end;
+                    if CAPACITY_PER_S * t as f64 / 1000.0 >= (b + published_since_recovery) as f64 {
+                        f.bound_ms = Some(t);
+                    }
+                }
+                if now > outage_end && f.drained_after_ms.is_none() && backlog <= drained_at {
+                    f.drained_after_ms = Some(now - outage_end);
+                }
+                if now >= shape.publish_until_ms && backlog == 0 {
                     break;
                 }
             }
-            f.peak_after_recovery = per_second[(OUTAGE.1 / 1_000) as usize..]
+            f.peak_after_recovery = per_second[(outage_end / 1_000) as usize..]
                 .iter()
                 .copied()
                 .max()
@@ -1783,48 +2173,54 @@ mod tests {
         }
 
         fn show(name: &str, f: &Figures) {
+            let secs = |ms: Option<u64>| {
+                ms.map_or("never".to_owned(), |ms| {
+                    format!("{:.1} s", ms as f64 / 1000.0)
+                })
+            };
             println!(
-                "{name}: {} published, {} calls ({:.2} per message); \
+                "{name}: {} published, {} calls ({:.3} per message); \
                  outage: {} published, {} calls ({:.2} %); \
                  peak after recovery {} calls/s ({:.2} × capacity); \
-                 drained {} after the outage; {} dead, {} delivered, opened {} times",
+                 drained {} after the outage (bound {}: {:.2}×); {} dead, {} delivered, opened {} times",
                 f.published,
                 f.calls,
                 f.calls as f64 / f.published as f64,
                 f.published_in_outage,
                 f.outage_calls,
-                100.0 * f.outage_calls as f64 / f.published_in_outage as f64,
+                100.0 * f.outage_calls as f64 / f.published_in_outage.max(1) as f64,
                 f.peak_after_recovery,
                 f.peak_after_recovery as f64 / CAPACITY_PER_S,
-                f.drained_after_ms.map_or("never".to_owned(), |ms| format!(
-                    "{:.1} s",
-                    ms as f64 / 1000.0
-                )),
+                secs(f.drained_after_ms),
+                secs(f.bound_ms),
+                f.drain_over_bound(),
                 f.dead,
                 f.delivered,
                 f.opened,
             );
         }
 
-        #[test]
-        fn the_storm_is_contained() {
-            let off = run(ProtectionConfig {
-                concurrency: 1_000,
-                rate_limit_per_s: None,
-                breaker: None,
-                retry_budget: 0.0,
-            });
-            show("protection off", &off);
-            let on = run(ProtectionConfig {
+        fn on() -> ProtectionConfig {
+            ProtectionConfig {
                 concurrency: 1_000,
                 ..ProtectionConfig::default()
-            });
+            }
+        }
+
+        #[test]
+        fn the_storm_is_contained() {
+            let off = run(
+                ProtectionConfig {
+                    concurrency: 1_000,
+                    rate_limit_per_s: None,
+                    breaker: None,
+                    retry_budget: 0.0,
+                },
+                NOTE,
+            );
+            show("protection off", &off);
+            let on = run(on(), NOTE);
             show("protection on ", &on);
-            let bound_s = (on.published_in_outage
-                + (PUBLISH_UNTIL_MS - OUTAGE.1) / STEP_MS * ARRIVALS_PER_STEP)
-                as f64
-                / CAPACITY_PER_S;
-            println!("drain bound: {bound_s:.0} s");
             assert_eq!(on.published, 60_000);
             assert!(
                 on.outage_calls as f64 <= 0.02 * on.published_in_outage as f64,
@@ -1835,12 +2231,47 @@ mod tests {
                 "{on:?}"
             );
             assert_eq!(on.dead, 0, "{on:?}");
-            let drained_s = on
-                .drained_after_ms
-                .map_or(f64::MAX, |ms| ms as f64 / 1000.0);
-            assert!(drained_s <= 1.25 * bound_s, "{on:?}");
+            assert!(on.drain_over_bound() <= 1.3, "{on:?}");
             assert_eq!(on.delivered, on.published);
             assert!(off.outage_calls > 10 * on.outage_calls);
+        }
+
+        /// Issue 15 §3: a short outage drained in 1.66× (15 s) and 1.75× (30 s) the bound,
+        /// the ramp from 5/s (+10/s per second) dominating; SPEC §10 asks ≤ 1.3× for 15 s,
+        /// 30 s and 60 s outages, the other storm targets kept.
+        #[test]
+        fn short_outages_drain_within_1_3_times_the_bound() {
+            for rate_per_s in [100.0, 200.0] {
+                for outage_s in [15, 30, 60] {
+                    let start = 30_000;
+                    let shape = Shape {
+                        rate_per_s,
+                        publish_until_ms: start + outage_s * 1_000 + 120_000,
+                        outage: (start, start + outage_s * 1_000),
+                    };
+                    let on = run(on(), shape);
+                    show(&format!("{rate_per_s}/s, {outage_s} s outage"), &on);
+                    let ratio = on.drain_over_bound();
+                    assert!(
+                        ratio <= 1.3,
+                        "{rate_per_s}/s, {outage_s} s: {ratio:.2}× {on:?}"
+                    );
+                    assert_eq!(on.dead, 0, "{on:?}");
+                    assert_eq!(on.delivered, on.published, "{on:?}");
+                    assert!(
+                        on.calls as f64 <= 1.05 * on.published as f64,
+                        "calls per message {on:?}"
+                    );
+                    assert!(
+                        on.peak_after_recovery as f64 <= 1.5 * CAPACITY_PER_S,
+                        "{on:?}"
+                    );
+                    assert!(
+                        on.outage_calls as f64 <= 0.02 * on.published_in_outage as f64,
+                        "{on:?}"
+                    );
+                }
+            }
         }
     }
 }

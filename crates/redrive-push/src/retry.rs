@@ -576,10 +576,10 @@ mod tests {
                 }
             })
             .await;
-        // Probe at 5 s fails: open 10 s more (doubled); the retry (due 100 ms later)
-        // is parked until 15 s and is attempt 2.
+        // Probe at 5 s fails: open open_ms (5 s) more (a tenth of the 5 s outage is less);
+        // the retry (due 100 ms later) is parked until 10 s and is attempt 2.
         assert_eq!(got, Ok(2));
-        assert_eq!(*log.at.borrow(), [5_000, 15_000]);
+        assert_eq!(*log.at.borrow(), [5_000, 10_000]);
         assert_eq!(lock(&shared).snapshot(r.now_ms()).opened_total, 2);
     }
 

@@ -16,6 +16,64 @@ use std::time::{Duration, Instant};
 /// Bytes of an answer's body kept in the attempt's history (SPEC §10: the first 1 KiB).
 pub const EXCERPT_BYTES: usize = 1024;
 
+/// Transport and hop-by-hop headers (RFC 9110 §7.6.1, and the legacy `keep-alive`,
+/// `proxy-connection`): the HTTP client sets them from the request itself. A [`Sender`]
+/// never sends one of these from [`Request::headers`], whoever built the request: a `host`
+/// would reach another virtual host behind a shared ingress, a `content-length` would cut
+/// the body, a `transfer-encoding` would make the framing a lie.
+pub const TRANSPORT_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "trailers",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Whether the header `name` (any case) is one of [`TRANSPORT_HEADERS`].
+pub fn is_transport_header(name: &str) -> bool {
+    TRANSPORT_HEADERS
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(name.trim()))
+}
+
+/// Whether a message may not set the header `name` (any case) on its push request (SPEC §10):
+/// the transport and hop-by-hop headers, `content-type` (the body is the payload's JSON), and
+/// every `webhook-*` and `redrive-*` header (the signature, the id, the timestamp, the
+/// attempt: a message carrying its own `webhook-signature` to a queue without a secret would
+/// otherwise look signed by redrive). Publish refuses them on a push queue; a message that
+/// has one anyway (published before its queue was a push queue) goes without it.
+pub fn is_server_owned_header(name: &str) -> bool {
+    let n = name.trim().to_ascii_lowercase();
+    is_transport_header(&n)
+        || n == "content-type"
+        || n.starts_with("webhook-")
+        || n.starts_with("redrive-")
+}
+
+/// A message's headers split into what its push request carries and the names left out
+/// because the server owns them ([`is_server_owned_header`]), both in the given order.
+pub fn message_headers<'a>(
+    headers: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for (name, value) in headers {
+        if is_server_owned_header(name) {
+            dropped.push(name.clone());
+        } else {
+            kept.push((name.clone(), value.clone()));
+        }
+    }
+    (kept, dropped)
+}
+
 /// How a [`Sender`] talks to its endpoint.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -39,7 +97,8 @@ pub struct Request {
     pub method: reqwest::Method,
     /// Where.
     pub url: reqwest::Url,
-    /// Headers, in order; a later one with the same name replaces an earlier one.
+    /// Headers, in order; a later one with the same name replaces an earlier one. Transport
+    /// and hop-by-hop ones ([`TRANSPORT_HEADERS`]) are never sent: the client sets those.
     pub headers: Vec<(String, String)>,
     /// The body (the message's payload as JSON).
     pub body: Vec<u8>,
@@ -166,6 +225,12 @@ impl Sender {
         let mut builder = self.client.request(request.method, request.url);
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in &request.headers {
+            // The client frames the request and names the host itself, whatever the caller
+            // put in the list (the last line of defence: push delivery leaves them out of a
+            // message's headers before, and says so in the attempt's history).
+            if is_transport_header(name) {
+                continue;
+            }
             // A header name or value HTTP cannot carry is left out rather than failing the
             // attempt for ever.
             if let (Ok(n), Ok(v)) = (
@@ -310,6 +375,137 @@ mod tests {
         let e = excerpt(long.as_bytes()).expect("excerpt");
         assert!(e.len() <= EXCERPT_BYTES, "{}", e.len());
         assert!(e.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn server_owned_headers_are_named_in_any_case() {
+        for n in [
+            "host",
+            "Host",
+            "CONTENT-LENGTH",
+            "transfer-encoding",
+            "Connection",
+            "keep-alive",
+            "proxy-connection",
+            "TE",
+            "trailer",
+            "upgrade",
+            "proxy-authorization",
+            "proxy-authenticate",
+            "content-type",
+            "Content-Type",
+            "webhook-signature",
+            "Webhook-Id",
+            "webhook-timestamp",
+            "webhook-anything",
+            "redrive-attempt",
+            "Redrive-Whatever",
+        ] {
+            assert!(is_server_owned_header(n), "{n}");
+        }
+        for n in [
+            "x-merchant",
+            "authorization",
+            "x-host",
+            "hostname",
+            "webhook",
+            "x-webhook-id",
+            "content-types",
+            "accept",
+        ] {
+            assert!(!is_server_owned_header(n), "{n}");
+        }
+        assert!(is_transport_header("Host") && !is_transport_header("content-type"));
+        let h: std::collections::BTreeMap<String, String> = [
+            ("Host", "internal-admin.example"),
+            ("x-merchant", "m-1"),
+            ("webhook-signature", "v1,forged"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .collect();
+        let (kept, dropped) = message_headers(&h);
+        assert_eq!(kept, [("x-merchant".to_owned(), "m-1".to_owned())]);
+        assert_eq!(dropped, ["Host", "webhook-signature"]);
+    }
+
+    /// The request as it reaches a raw TCP endpoint on loopback: whatever the request's
+    /// header list says, the host, the framing and the connection are the client's.
+    #[tokio::test]
+    async fn transport_headers_of_a_request_never_reach_the_wire() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.expect("accept");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Headers, then the 11-byte body.
+            while !got.ends_with(b"{\"n\":12345}") {
+                let n = sock.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .expect("write");
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        let guard = Arc::new(Guard::new(vec!["127.0.0.1/32".parse().expect("cidr")]));
+        let sender = Sender::new(&SenderConfig {
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+            max_response_bytes: 1024,
+            pool_idle: 1,
+            guard,
+        })
+        .expect("sender");
+        let url = reqwest::Url::parse(&format!("http://{addr}/hook")).expect("url");
+        let headers = [
+            ("Host", "internal-admin.example"),
+            ("content-length", "3"),
+            ("Transfer-Encoding", "chunked"),
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("te", "trailers"),
+            ("x-kept", "yes"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .collect();
+        let sent = sender
+            .send(Request {
+                method: reqwest::Method::POST,
+                url,
+                headers,
+                body: b"{\"n\":12345}".to_vec(),
+            })
+            .await;
+        assert!(
+            matches!(sent.outcome, Outcome::Answered { status: 200, .. }),
+            "{sent:?}"
+        );
+        let raw = server.await.expect("server").to_ascii_lowercase();
+        let head = format!("{}\r\n", raw.split("\r\n\r\n").next().unwrap_or(""));
+        assert!(head.contains(&format!("\r\nhost: {addr}\r\n")), "{head}");
+        assert!(head.contains("\r\ncontent-length: 11\r\n"), "{head}");
+        assert!(head.contains("\r\nx-kept: yes\r\n"), "{head}");
+        for bad in [
+            "internal-admin",
+            "transfer-encoding",
+            "chunked",
+            "upgrade",
+            "websocket",
+            "\r\nte:",
+            "content-length: 3",
+        ] {
+            assert!(!head.contains(bad), "{bad:?} reached the wire:\n{head}");
+        }
+        assert!(raw.ends_with("{\"n\":12345}"), "the whole body: {raw}");
     }
 
     #[test]

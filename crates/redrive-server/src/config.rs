@@ -97,6 +97,10 @@ pub enum Delivery {
     Push,
 }
 
+/// A push queue's `connect_timeout` when the config leaves it out, unless its `timeout` is
+/// shorter (then `timeout`).
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+
 /// `[queues.NAME.push]`: where and how redrive pushes a queue's messages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -109,8 +113,9 @@ pub struct PushQueueConfig {
     pub method: String,
     /// Longest time for one attempt: connect, send, answer.
     pub timeout: DurationMs,
-    /// Longest wait for the connection.
-    pub connect_timeout: DurationMs,
+    /// Longest wait for the connection; unset, the smaller of 5 s and `timeout`
+    /// ([`DEFAULT_CONNECT_TIMEOUT_MS`]), so that setting only `timeout` is a valid config.
+    pub connect_timeout: Option<DurationMs>,
     /// Most bytes of an answer read (the first 1 KiB is kept in the history).
     pub max_response_bytes: usize,
     /// Calls in flight at most, per endpoint.
@@ -140,7 +145,7 @@ impl Default for PushQueueConfig {
             allow_message_targets: false,
             method: "POST".to_owned(),
             timeout: DurationMs(10_000),
-            connect_timeout: DurationMs(5_000),
+            connect_timeout: None,
             max_response_bytes: 64 << 10,
             concurrency: 16,
             rate_limit: None,
@@ -1079,12 +1084,20 @@ fn push_queue_settings(
     if p.timeout.ms() == 0 || p.timeout.ms() > 600_000 {
         return Err(val("push.timeout", "must be above 0s and at most 10m"));
     }
-    if p.connect_timeout.ms() == 0 || p.connect_timeout.ms() > p.timeout.ms() {
-        return Err(val(
-            "push.connect_timeout",
-            "must be above 0s and at most push.timeout",
-        ));
-    }
+    // Unset: the smaller of 5 s and `timeout` (SPEC §10). Set: checked against `timeout`.
+    let connect_timeout_ms = match p.connect_timeout {
+        None => DEFAULT_CONNECT_TIMEOUT_MS.min(p.timeout.ms()),
+        Some(c) if c.ms() == 0 || c.ms() > p.timeout.ms() => {
+            return Err(val(
+                "push.connect_timeout",
+                &format!(
+                    "must be above 0s and at most push.timeout ({}), not {}",
+                    p.timeout, c
+                ),
+            ))
+        }
+        Some(c) => c.ms(),
+    };
     if !(1..=1024).contains(&p.concurrency) {
         return Err(val("push.concurrency", "must be between 1 and 1024"));
     }
@@ -1155,7 +1168,7 @@ fn push_queue_settings(
         allow_message_targets: p.allow_message_targets,
         method,
         timeout_ms: p.timeout.ms(),
-        connect_timeout_ms: p.connect_timeout.ms(),
+        connect_timeout_ms,
         max_response_bytes: p.max_response_bytes,
         concurrency: p.concurrency,
         rate_limit_per_s,
@@ -1448,6 +1461,33 @@ mod tests {
             let e = load(&text, &[]).unwrap_err().to_string();
             assert!(e.contains(key), "{text}: {e}");
         }
+    }
+
+    /// Issue 15 §1.6: `timeout = "2s"` alone was refused over `connect_timeout`, a key the
+    /// user never wrote (its default was a fixed 5 s).
+    #[test]
+    fn a_push_queue_with_only_a_short_timeout_loads_and_connects_within_it() {
+        let queue =
+            "[queues.cb]\ndelivery = \"push\"\n[queues.cb.push]\nurl = \"https://a.example/\"\n";
+        let connect_ms = |extra: &str| -> Result<u64, String> {
+            let c = load(&format!("{queue}{extra}"), &[]).map_err(|e| e.to_string())?;
+            let p = c.push_settings().map_err(|e| e.to_string())?;
+            Ok(p.queues["cb"].connect_timeout_ms)
+        };
+        assert_eq!(connect_ms("timeout = \"2s\""), Ok(2_000));
+        assert_eq!(connect_ms("timeout = \"800ms\""), Ok(800));
+        assert_eq!(connect_ms(""), Ok(5_000), "timeout 10 s: the 5 s default");
+        assert_eq!(connect_ms("timeout = \"30s\""), Ok(5_000));
+        assert_eq!(
+            connect_ms("timeout = \"2s\"\nconnect_timeout = \"1s\""),
+            Ok(1_000)
+        );
+        // Written explicitly above timeout, it is still refused, naming the key.
+        let e = connect_ms("timeout = \"2s\"\nconnect_timeout = \"3s\"").unwrap_err();
+        assert!(e.contains("queues.cb.push.connect_timeout"), "{e}");
+        assert!(e.contains("2s") && e.contains("3s"), "{e}");
+        let e = connect_ms("connect_timeout = \"0s\"").unwrap_err();
+        assert!(e.contains("queues.cb.push.connect_timeout"), "{e}");
     }
 
     #[test]

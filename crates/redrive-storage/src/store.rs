@@ -6,7 +6,7 @@ use crate::{
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
-    Timestamp,
+    Timestamp, Waited,
 };
 use tokio::sync::watch;
 
@@ -122,6 +122,10 @@ pub struct Ack {
     pub response: Option<AttemptResponse>,
     /// What the attempt's history entry says happened.
     pub event: AckEvent,
+    /// Push delivery: what the message waited for before this attempt (usually nothing, at
+    /// most one per reason); noted in the history before the attempt's entry
+    /// ([`redrive_core::note_wait`]).
+    pub waited: Vec<Waited>,
 }
 
 /// What an [`Ack`] records in the attempt's history entry. Both make the message `done`.
@@ -152,6 +156,7 @@ impl From<LeaseRef> for Ack {
             lease,
             response: None,
             event: AckEvent::Acked,
+            waited: Vec::new(),
         }
     }
 }
@@ -175,6 +180,9 @@ pub struct Nack {
     pub failure: Failure,
     /// What the endpoint answered, when redrive made the attempt itself (push delivery).
     pub response: Option<AttemptResponse>,
+    /// Push delivery: what the message waited for before this attempt (see
+    /// [`Ack::waited`]).
+    pub waited: Vec<Waited>,
 }
 
 /// A delivery that a broker consumer failed after redrive had counted it delivered (a
@@ -195,8 +203,8 @@ pub struct Returned {
 /// A leased message handed back without having been attempted: push delivery parks a
 /// message its endpoint cannot take now (breaker open, retry budget spent), a bridge one
 /// its broker refused, a consumer one it will not process (shutting down). The attempt
-/// the lease counted is taken back: nothing is charged, nothing enters the history —
-/// within the bound of [`Release::by`].
+/// the lease counted is taken back: nothing is charged, and nothing enters the history but
+/// the optional note of what it waited for — within the bound of [`Release::by`].
 #[derive(Debug, Clone)]
 pub struct Release {
     /// The lease.
@@ -206,6 +214,10 @@ pub struct Release {
     pub until: Timestamp,
     /// Who hands it back, which bounds how often it may be uncharged.
     pub by: ReleaseBy,
+    /// Push delivery parks it because its endpoint makes it wait (and it may have waited in
+    /// the store before its lease): noted in the history, one entry per wait episode and
+    /// reason however often it is parked ([`redrive_core::note_wait`]).
+    pub waited: Vec<Waited>,
 }
 
 /// Who releases a lease ([`Release`]), and so whether releases are bounded.

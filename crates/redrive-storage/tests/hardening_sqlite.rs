@@ -577,6 +577,7 @@ impl Run {
                     };
                     let nack = Nack {
                         response: None,
+                        waited: Vec::new(),
                         lease,
                         failure: Failure::new(class, "failed"),
                     };

@@ -261,6 +261,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .nack(
             vec![Nack {
                 response: None,
+                waited: Vec::new(),
                 lease: LeaseRef {
                     id: dead,
                     token: l[0].token.clone(),
@@ -386,12 +387,14 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
         response: None,
         lease: lref(&l[1]),
         failure: Failure::new(ErrorClass::Transient, "x"),
+        waited: Vec::new(),
     };
     assert!(store.nack(vec![nack], at(1)).await.expect("nack")[0].is_ok());
     let release = Release {
         lease: lref(&l[2]),
         until: at(1),
         by: ReleaseBy::Consumer,
+        waited: Vec::new(),
     };
     assert!(store.release(vec![release], at(1)).await.expect("release")[0].is_ok());
     store
@@ -426,6 +429,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
         response: None,
         lease: lref(&l[0]),
         failure: Failure::new(ErrorClass::Transient, "x"),
+        waited: Vec::new(),
     };
     let r = store.nack(vec![nack], at(2_000)).await.expect("nack")[0]
         .as_ref()

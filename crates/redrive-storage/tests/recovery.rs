@@ -87,6 +87,7 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
         .nack(
             vec![Nack {
                 response: None,
+                waited: Vec::new(),
                 lease: lref(&ls[1]),
                 failure: Failure::new(ErrorClass::Transient, "db down"),
             }],
@@ -370,6 +371,7 @@ fn crash_child() {
             .iter()
             .map(|l| Nack {
                 response: None,
+                waited: Vec::new(),
                 lease: lref(l),
                 failure: Failure::new(ErrorClass::Transient, "x"),
             })

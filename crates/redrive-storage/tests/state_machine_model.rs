@@ -466,6 +466,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                 .nack(
                     vec![Nack {
                         response: None,
+                        waited: Vec::new(),
                         lease: LeaseRef {
                             id,
                             token: tok.clone(),
@@ -517,6 +518,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         },
                         until: now,
                         by: ReleaseBy::Consumer,
+                        waited: Vec::new(),
                     }],
                     now,
                 )

@@ -321,6 +321,33 @@ fn last_error_schema(class_enum: &Value) -> Value {
     })
 }
 
+/// One entry of a message's history (an attempt's outcome, an operator action, a wait).
+fn history_entry_schema() -> Value {
+    let ts = json!({"type": "string", "format": "date-time"});
+    json!({
+        "type": "object", "required": ["attempt", "at", "event"],
+        "properties": {
+            "attempt": {"type": "integer", "minimum": 0},
+            "at": ts,
+            "event": {"type": "string", "description": "acked, republished (a bridge's broker took the copy: RabbitMQ confirmed it, or it was added to the stream), failed, redriven, killed; waited (push delivery: the message was due and waited, uncharged, for its endpoint; one entry per reason between two attempts, `at` the latest moment it was seen waiting)"},
+            "for": {"type": "string", "enum": ["breaker", "pace", "budget", "concurrency"], "description": "waited: what for"},
+            "since": {"type": "string", "format": "date-time", "description": "waited: since when"},
+            "parks": {"type": "integer", "minimum": 1, "description": "waited: how many times it was leased and handed back meanwhile (absent: it waited in the store)"},
+            "response": {
+                "type": "object",
+                "description": "Push delivery: what the endpoint answered to this attempt.",
+                "required": ["latency_ms"],
+                "properties": {
+                    "status": {"type": "integer", "description": "HTTP status; absent when there was no answer"},
+                    "latency_ms": {"type": "integer", "minimum": 0},
+                    "body": {"type": "string", "description": "The first 1 KiB of the answer, or what went wrong"},
+                    "dropped_headers": {"type": "array", "items": {"type": "string"}, "description": "The message's headers the request did not carry because the server owns them (transport and hop-by-hop headers, content-type, webhook-*, redrive-*)"}
+                }
+            }
+        }
+    })
+}
+
 /// A message, as answered by publish, get, ack, nack, redrive, kill, delete and search.
 fn message_schema(state_enum: &Value) -> Value {
     let ts = json!({"type": "string", "format": "date-time"});
@@ -346,24 +373,7 @@ fn message_schema(state_enum: &Value) -> Value {
             "finished_at": ts,
             "dead_reason": {"type": "string", "description": "max_attempts, max_age, permanent_error, killed, endpoint_gone (a push endpoint answered 410)"},
             "last_error": {"$ref": "#/components/schemas/LastError"},
-            "history": {"type": "array", "items": {
-                "type": "object", "required": ["attempt", "at", "event"],
-                "properties": {
-                    "attempt": {"type": "integer", "minimum": 0},
-                    "at": ts,
-                    "event": {"type": "string", "description": "acked, republished (a bridge's broker took the copy: RabbitMQ confirmed it, or it was added to the stream), failed, redriven, killed"},
-                    "response": {
-                        "type": "object",
-                        "description": "Push delivery: what the endpoint answered to this attempt.",
-                        "required": ["latency_ms"],
-                        "properties": {
-                            "status": {"type": "integer", "description": "HTTP status; absent when there was no answer"},
-                            "latency_ms": {"type": "integer", "minimum": 0},
-                            "body": {"type": "string", "description": "The first 1 KiB of the answer, or what went wrong"}
-                        }
-                    }
-                }
-            }}
+            "history": {"type": "array", "items": history_entry_schema()}
         }
     })
 }

@@ -307,6 +307,7 @@ pub async fn nack(
         .engine
         .nack(vec![Nack {
             response: None,
+            waited: Vec::new(),
             lease: LeaseRef {
                 id,
                 token: body.lease,
@@ -350,6 +351,7 @@ pub async fn release(
             },
             until,
             by: ReleaseBy::Consumer,
+            waited: Vec::new(),
         }])
         .await?;
     Ok(Json(first(out)?))
@@ -565,6 +567,7 @@ pub async fn nack_batch(
                     nack_failure(&format!("items[{n}].error"), i.error.as_ref(), &s.config)?;
                 Ok(Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: LeaseRef { id, token: i.lease },
                     failure,
                 })

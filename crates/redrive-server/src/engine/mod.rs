@@ -371,6 +371,7 @@ impl Engine {
             lease,
             failure: redrive_core::Failure::new(redrive_core::ErrorClass::Permanent, why),
             response: None,
+            waited: Vec::new(),
         };
         self.nack(vec![nack]).await.map(drop)
     }

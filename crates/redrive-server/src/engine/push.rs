@@ -15,8 +15,20 @@
 //! - After leasing, a message the endpoint cannot take now (a retry refused by the budget,
 //!   a breaker that opened meanwhile, a rate-limit wait longer than [`HOLD_MAX_MS`]) is
 //!   *parked*: handed back with [`redrive_storage::Release`], its attempt taken back, due
-//!   again when the endpoint said to ask again. A park is never a failure: nothing in the
-//!   history, nothing charged, never dropped.
+//!   again when the endpoint said to ask again. A park is never a failure: nothing charged,
+//!   never dropped.
+//! - Waiting shows in the timeline (SPEC §10): a park notes what the message waits for
+//!   (`Release::waited`), and a message leased at least [`WAIT_NOTE_MIN_MS`] after it was
+//!   due, while its endpoint refused calls (the breaker was open, the pace or the rate
+//!   limit held the worker back), gets the same note with its attempt
+//!   (`Ack::waited` / `Nack::waited`): a `waited` history entry, one per wait episode and
+//!   reason however often it is parked ([`redrive_core::note_wait`]).
+//! - A message's headers never replace the request's own (SPEC §10): transport and
+//!   hop-by-hop headers, `content-type`, `webhook-*` and `redrive-*` are the server's. Publish
+//!   refuses them on a push queue; one stored anyway (before its queue was a push queue) is
+//!   sent without them, and its attempt's `response.dropped_headers` names them
+//!   ([`redrive_push::send::message_headers`]; the sender never sends a transport header
+//!   whatever it is given).
 //!
 //! An attempt's history entry records the status, the latency and the first 1 KiB of the
 //! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
@@ -26,7 +38,7 @@
 
 use super::Engine;
 use crate::metrics::EndpointGauges;
-use redrive_core::{AttemptResponse, ErrorClass, Failure, MessageId};
+use redrive_core::{AttemptResponse, ErrorClass, Failure, MessageId, Timestamp, Waited, WaitedFor};
 use redrive_push::classify::{Rules, Verdict};
 use redrive_push::protect::{
     BreakerConfig, BreakerState, Outcome, Protection, ProtectionConfig, Snapshot, Wait, WaitReason,
@@ -64,6 +76,53 @@ const MAX_TARGET_LABELS: usize = 100;
 
 /// Every breaker state name, for gauges.
 const STATES: &[&str] = &["closed", "open", "half_open", "recovering"];
+
+/// A message leased at least this late (lease time − due time) while its endpoint was making
+/// the worker wait gets a `waited` note in its history; shorter waits (a pace of 100/s holds
+/// each lease ~10 ms) are not worth a line in the timeline.
+pub const WAIT_NOTE_MIN_MS: i64 = 1_000;
+
+/// What a message waited for, by [`WaitReason`].
+fn waited_for(reason: WaitReason) -> WaitedFor {
+    match reason {
+        WaitReason::Breaker => WaitedFor::Breaker,
+        WaitReason::Rate => WaitedFor::Pace,
+        WaitReason::Budget => WaitedFor::Budget,
+        WaitReason::Concurrency => WaitedFor::Concurrency,
+    }
+}
+
+/// When an endpoint last refused a call, per reason (engine clock, ms): a message leased late
+/// waited for what refused calls after it was due. Not the concurrency limit: a backlog
+/// behind an endpoint that takes all the calls it is allowed is a queue, not a wait for the
+/// endpoint, and noting it would add a write to every message of a busy healthy endpoint
+/// (a park for it is still noted).
+#[derive(Debug, Default)]
+struct Refusals {
+    /// Indexed like [`Refusals::ORDER`].
+    last_ms: [Option<i64>; 3],
+}
+
+impl Refusals {
+    /// The reasons in the order a wait is named by: the breaker first (it holds everything
+    /// back), then the budget, then the pace (or rate limit).
+    const ORDER: [WaitReason; 3] = [WaitReason::Breaker, WaitReason::Budget, WaitReason::Rate];
+
+    fn seen(&mut self, reason: WaitReason, at_ms: i64) {
+        if let Some(i) = Self::ORDER.iter().position(|r| *r == reason) {
+            self.last_ms[i] = Some(self.last_ms[i].map_or(at_ms, |t| t.max(at_ms)));
+        }
+    }
+
+    /// What held back a message due at `due_ms`: the first reason refused since.
+    fn since(&self, due_ms: i64) -> Option<WaitReason> {
+        Self::ORDER
+            .iter()
+            .zip(self.last_ms)
+            .find(|(_, t)| t.is_some_and(|t| t >= due_ms))
+            .map(|(r, _)| *r)
+    }
+}
 
 /// One push queue's settings, checked (built by `Config::push_settings`).
 #[derive(Debug, Clone)]
@@ -143,6 +202,8 @@ pub struct Endpoint {
     changed: Notify,
     sender: Sender,
     parked: Mutex<HashSet<MessageId>>,
+    /// When each reason last refused a call (for the `waited` notes).
+    refusals: Mutex<Refusals>,
     epoch: Instant,
 }
 
@@ -177,6 +238,32 @@ impl Endpoint {
         self.parked
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The protection refused a call for `reason` at `at` (engine clock).
+    fn refused(&self, reason: WaitReason, at: Timestamp) {
+        self.refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .seen(reason, at.as_millis());
+    }
+
+    /// The note for a message due at `due` and leased `lateness_ms` after: what this
+    /// endpoint refused calls for since it was due, if it was late enough to say so.
+    fn wait_of(&self, due: Timestamp, lateness_ms: i64) -> Option<Waited> {
+        if lateness_ms < WAIT_NOTE_MIN_MS {
+            return None;
+        }
+        let reason = self
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .since(due.as_millis())?;
+        Some(Waited {
+            waited_for: waited_for(reason),
+            since: due,
+            parked: false,
+        })
     }
 
     /// The endpoint as the API shows it.
@@ -281,6 +368,7 @@ fn make_endpoint(
         changed: Notify::new(),
         sender,
         parked: Mutex::new(HashSet::new()),
+        refusals: Mutex::default(),
         epoch,
     })
 }
@@ -450,6 +538,7 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                 changed.as_mut().enable();
                 let wait = ep.with_protection(|p, now| p.admissible(now).err().map(|w| (w, now)));
                 let Some((wait, now)) = wait else { break };
+                ep.refused(wait.reason, engine.clock().now());
                 let sleep = Duration::from_millis(wait.until_ms.saturating_sub(now).max(1));
                 tokio::select! {
                     _ = tokio::time::sleep(sleep) => {}
@@ -486,6 +575,7 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
         };
         // 3. Start each call, or park the message.
         for l in leased {
+            let due = due_of(&l, settings.lease_ms());
             let (ep, url) = match (&l.message.target_url, settings.allow_message_targets) {
                 (Some(t), true) => {
                     let Ok(url) = Url::parse(t) else {
@@ -505,7 +595,7 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                                 until_ms: now + 1_000,
                                 reason: WaitReason::Concurrency,
                             };
-                            park(&engine, &ep, l, wait, now).await;
+                            park(&engine, &ep, l, wait, now, due).await;
                             continue;
                         }
                     }
@@ -519,14 +609,16 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                     .with_protection(|p, now| p.try_acquire(now, is_retry).map_err(|w| (w, now)))
                 {
                     Ok(()) => {
+                        let waited = ep.wait_of(due, l.lateness_ms).into_iter().collect();
                         let (engine, ep, settings) = (engine.clone(), ep.clone(), settings.clone());
-                        calls.spawn(deliver(engine, ep, settings, url, l));
+                        calls.spawn(deliver(engine, ep, settings, url, l, waited));
                         break;
                     }
                     Err((w, now))
                         if matches!(w.reason, WaitReason::Concurrency | WaitReason::Rate)
                             && w.until_ms.saturating_sub(now) <= HOLD_MAX_MS =>
                     {
+                        ep.refused(w.reason, engine.clock().now());
                         let changed = ep.changed.notified();
                         tokio::pin!(changed);
                         // Registered now: a call ending before the select still wakes us.
@@ -538,7 +630,7 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                         }
                     }
                     Err((w, now)) => {
-                        park(&engine, &ep, l, w, now).await;
+                        park(&engine, &ep, l, w, now, due).await;
                         break;
                     }
                 }
@@ -552,17 +644,38 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
     while calls.join_next().await.is_some() {}
 }
 
-/// Hand a leased message back unattempted until the endpoint said to ask again.
-async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64) {
+/// When a leased message was due: the store's lease time (its expiry less the lease) less
+/// how late the lease was.
+fn due_of(l: &Leased, lease_ms: u64) -> Timestamp {
+    let lease_ms = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+    Timestamp::from_millis(
+        l.expires_at
+            .as_millis()
+            .saturating_sub(lease_ms)
+            .saturating_sub(l.lateness_ms.max(0)),
+    )
+}
+
+/// Hand a leased message back unattempted until the endpoint said to ask again, noting in
+/// its history what it waited for in the store since it was `due` (if anything) and what
+/// it waits for now (one entry per reason however often it is parked).
+async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64, due: Timestamp) {
     let id = l.message.id;
-    let until = engine
-        .clock()
-        .now()
-        .plus_ms(wait.until_ms.saturating_sub(now_ms));
+    let now = engine.clock().now();
+    let mut waited: Vec<Waited> = ep.wait_of(due, l.lateness_ms).into_iter().collect();
+    ep.refused(wait.reason, now);
+    let leased_at = Timestamp::from_millis(due.as_millis() + l.lateness_ms.max(0));
+    waited.push(Waited {
+        waited_for: waited_for(wait.reason),
+        since: leased_at,
+        parked: true,
+    });
+    let until = now.plus_ms(wait.until_ms.saturating_sub(now_ms));
     let release = Release {
         lease: redrive_storage::LeaseRef { id, token: l.token },
         until,
         by: redrive_storage::ReleaseBy::Redrive,
+        waited,
     };
     match engine.release(vec![release]).await {
         Ok(mut r) => match r.pop() {
@@ -590,6 +703,7 @@ async fn deliver(
     settings: Arc<PushSettings>,
     url: Url,
     l: Leased,
+    waited: Vec<Waited>,
 ) {
     let now = engine.clock().now();
     let now_s = now.as_millis().div_euclid(1_000);
@@ -604,12 +718,14 @@ async fn deliver(
             return;
         }
     };
-    let mut headers: Vec<(String, String)> = l
-        .message
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // The message's headers never replace the server's (SPEC §10): publish refuses them on a
+    // push queue, and one stored before its queue was a push queue is left out here, named
+    // in the attempt's history.
+    let (mut headers, dropped_headers) = redrive_push::send::message_headers(&l.message.headers);
+    if !dropped_headers.is_empty() {
+        tracing::warn!(message = %id, headers = ?dropped_headers,
+            "push request sent without message headers the server owns");
+    }
     headers.push(("content-type".into(), "application/json".into()));
     headers.push(("webhook-id".into(), id.clone()));
     headers.push(("webhook-timestamp".into(), now_s.to_string()));
@@ -637,6 +753,7 @@ async fn deliver(
         },
         latency_ms: sent.latency_ms,
         body: sent.excerpt.clone(),
+        dropped_headers,
     };
     // Refused by the SSRF guard: nothing was sent (no attempt to classify or to count).
     let refused = sent.attempt().is_none();
@@ -702,6 +819,7 @@ async fn deliver(
         None => engine
             .ack(vec![Ack {
                 response,
+                waited,
                 ..Ack::from(lease)
             }])
             .await
@@ -711,6 +829,7 @@ async fn deliver(
                 lease,
                 failure,
                 response,
+                waited,
             }])
             .await
             .map(|mut r| r.pop().map(|x| x.map(drop))),

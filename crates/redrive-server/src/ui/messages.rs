@@ -472,6 +472,31 @@ fn timeline(m: &Message) -> String {
                 esc(reason.as_deref().unwrap_or("")),
                 String::new(),
             ),
+            HistoryEvent::Waited {
+                waited_for,
+                since,
+                parks,
+            } => (
+                "waited",
+                String::new(),
+                format!(
+                    "waited for the {} since {} ({}){}",
+                    match waited_for {
+                        redrive_core::WaitedFor::Breaker => "endpoint's breaker",
+                        redrive_core::WaitedFor::Pace => "endpoint's pace",
+                        redrive_core::WaitedFor::Budget => "endpoint's retry budget",
+                        redrive_core::WaitedFor::Concurrency => "endpoint's concurrency limit",
+                    },
+                    html::time(*since),
+                    html::age(h.at.millis_since(*since) as f64 / 1000.0),
+                    match parks {
+                        0 => String::new(),
+                        1 => ", parked once, uncharged".to_owned(),
+                        n => format!(", parked {n} times, uncharged"),
+                    }
+                ),
+                String::new(),
+            ),
         };
         let latency = match (&h.response, h.leased_at) {
             (Some(r), _) => format!("{} ms", r.latency_ms),

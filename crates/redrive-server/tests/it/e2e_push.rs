@@ -657,3 +657,325 @@ async fn retries_over_the_budget_wait_uncharged() {
     assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
     s.stop().await;
 }
+
+/// Headers the push request owns (SPEC §10), in the cases a message might write them.
+const SERVER_OWNED: &[&str] = &[
+    "host",
+    "Content-Length",
+    "transfer-encoding",
+    "Connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "content-type",
+    "webhook-signature",
+    "Webhook-Id",
+    "webhook-timestamp",
+    "redrive-attempt",
+];
+
+/// Issue 15 §1.2: a publish-scope caller set the push request's Host, Content-Length,
+/// Transfer-Encoding or webhook-signature through the message's headers.
+#[tokio::test]
+async fn publishing_a_server_owned_header_to_a_push_queue_is_refused_naming_it() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(&mock.url("/hook"), "", true).await;
+    for name in SERVER_OWNED {
+        let got = s
+            .post(
+                "/v1/queues/hooks/messages",
+                json!({"payload": 1, "headers": {"x-ok": "1", *name: "3"}}),
+            )
+            .await;
+        assert_error_names(&got, 400, "reserved_header", &format!("headers.{name}"));
+    }
+    // A batch is all or nothing, and names the item.
+    let got = s
+        .post(
+            "/v1/queues/hooks/messages",
+            json!({"messages": [
+                {"payload": 1, "headers": {"x-merchant": "m-1"}},
+                {"payload": 2, "headers": {"Host": "internal-admin.example"}}
+            ]}),
+        )
+        .await;
+    assert_error_names(&got, 400, "reserved_header", "messages[1].headers.Host");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        mock.got().is_empty(),
+        "a refused publish was stored and pushed"
+    );
+    let (_, q) = s.get("/v1/queues/hooks").await;
+    for st in ["ready", "scheduled", "leased", "done", "dead"] {
+        assert_eq!(q["counts"][st], 0, "{q}");
+    }
+    // Other headers pass, and a pull queue keeps any header (its consumer reads them).
+    let m = s
+        .publish(
+            "hooks",
+            json!({"payload": 1, "headers": {"x-host": "a", "authorization": "Bearer t"}}),
+        )
+        .await;
+    until_state(&s, &id_of(&m), "done").await;
+    let m = s
+        .publish(
+            "pull-queue",
+            json!({"payload": 1, "headers": {"host": "h", "webhook-id": "w"}}),
+        )
+        .await;
+    assert_eq!(m["headers"]["host"], "h", "{m}");
+    s.stop().await;
+}
+
+/// Issue 15 §1.2, the last line of defence: a message that reaches the sender with headers
+/// the server owns (stored before its queue was a push queue, bridged, published by the
+/// engine itself) is pushed without them, and its attempt's history names them.
+#[tokio::test]
+async fn server_owned_headers_of_a_stored_message_never_reach_the_endpoint() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = TestServer::start(&format!(
+        r#"[push]
+allow_cidrs = ["127.0.0.1/32"]
+[queues.signed]
+delivery = "push"
+[queues.signed.push]
+url = "{signed}"
+signing_secret = "{SECRET}"
+[queues.unsigned]
+delivery = "push"
+[queues.unsigned.push]
+url = "{unsigned}"
+"#,
+        signed = mock.url("/signed"),
+        unsigned = mock.url("/unsigned"),
+    ))
+    .await;
+    let forged: std::collections::BTreeMap<String, String> = [
+        ("Host", "internal-admin.example"),
+        ("content-length", "3"),
+        ("transfer-encoding", "chunked"),
+        ("connection", "upgrade"),
+        ("content-type", "text/plain"),
+        ("webhook-signature", "v1,Zm9yZ2Vk"),
+        ("webhook-id", "msg_forged"),
+        ("redrive-attempt", "99"),
+        ("x-merchant", "m-1"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    .collect();
+    let mut ids = Vec::new();
+    for queue in ["signed", "unsigned"] {
+        let mut m =
+            redrive_core::NewMessage::new(queue, json!({"order": 42, "note": "long enough"}));
+        m.headers = forged.clone();
+        let p = s.engine.publish(vec![m]).await.unwrap().pop().unwrap();
+        ids.push(p.message.id.to_string());
+    }
+    for (id, path) in ids.iter().zip(["/signed", "/unsigned"]) {
+        let done = until_state(&s, id, "done").await;
+        let got = mock.for_id(id);
+        assert_eq!(got.len(), 1, "{id}: {got:?}");
+        let g = &got[0];
+        assert_eq!(g.path, path);
+        let h = &g.headers;
+        assert_eq!(h["host"], mock.addr.to_string(), "{h:?}");
+        assert_eq!(h["content-length"], g.body.len().to_string(), "{h:?}");
+        assert!(!h.contains_key("transfer-encoding"), "{h:?}");
+        assert_ne!(
+            h.get("connection").map(String::as_str),
+            Some("upgrade"),
+            "{h:?}"
+        );
+        assert_eq!(h["content-type"], "application/json", "{h:?}");
+        assert_eq!(h["webhook-id"], *id, "{h:?}");
+        assert_eq!(h["redrive-attempt"], "1", "{h:?}");
+        assert_eq!(h["x-merchant"], "m-1", "{h:?}");
+        let body: Value = serde_json::from_slice(&g.body).unwrap();
+        assert_eq!(
+            body,
+            json!({"order": 42, "note": "long enough"}),
+            "the whole body"
+        );
+        if path == "/signed" {
+            let ts: i64 = h["webhook-timestamp"].parse().unwrap();
+            let secret = redrive_push::signing::Secret::parse(SECRET).unwrap();
+            redrive_push::signing::verify(&secret, &h["webhook-signature"], id, ts, &g.body, ts, 5)
+                .expect("redrive's own signature, which verifies");
+        } else {
+            assert!(
+                !h.contains_key("webhook-signature"),
+                "a forged signature reached the endpoint of a queue without a secret: {h:?}"
+            );
+        }
+        let r = &responses(&done)[0];
+        let mut dropped: Vec<String> = r["dropped_headers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no dropped_headers in {done}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        dropped.sort();
+        let mut want: Vec<String> = forged
+            .keys()
+            .filter(|k| *k != "x-merchant")
+            .cloned()
+            .collect();
+        want.sort();
+        assert_eq!(dropped, want, "{done}");
+    }
+    s.stop().await;
+}
+
+/// The `waited` entries of a history, with the index each sits at.
+fn waits(m: &Value) -> Vec<(usize, Value)> {
+    m["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h["event"] == "waited")
+        .map(|(i, h)| (i, h.clone()))
+        .collect()
+}
+
+/// An RFC 3339 timestamp of an answer, as ms since the epoch.
+fn ts_ms(v: &Value) -> i64 {
+    let t = time::OffsetDateTime::parse(
+        v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// Between two attempts, at most one `waited` entry per reason.
+fn assert_waits_bounded(m: &Value) {
+    let mut seen: Vec<String> = Vec::new();
+    for h in m["history"].as_array().unwrap() {
+        if h["event"] == "waited" {
+            let r = h["for"].as_str().unwrap().to_owned();
+            assert!(!seen.contains(&r), "two waits for {r} in one episode: {m}");
+            seen.push(r);
+        } else {
+            seen.clear();
+        }
+    }
+}
+
+/// Issue 15 §3: "retry at 08:05:20" was followed by an attempt at 08:05:24 with nothing in
+/// between. A message that waited, uncharged, while its endpoint's breaker was open says so.
+#[tokio::test]
+async fn a_message_that_waited_for_the_breaker_says_so_in_its_history() {
+    let (mock, down) = switchable().await;
+    let s = server_with(&mock.url("/hook"), "concurrency = 4", true, 1000, "50ms").await;
+    let mut failed_first = Vec::new();
+    for i in 0..30 {
+        failed_first.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    loop {
+        let (_, list) = s.get("/v1/endpoints").await;
+        if list["endpoints"][0]["state"] == "open" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Published while the breaker is open: never attempted before the recovery.
+    let mut fresh = Vec::new();
+    for i in 0..5 {
+        fresh.push(id_of(
+            &s.publish("hooks", json!({"payload": 100 + i})).await,
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut breaker_waits = 0;
+    for id in failed_first.iter().chain(&fresh) {
+        let m = until_state(&s, id, "done").await;
+        assert_waits_bounded(&m);
+        let h = m["history"].as_array().unwrap();
+        for (i, w) in waits(&m) {
+            // Right before the attempt it held back (after any other wait of that attempt),
+            // for the same attempt number.
+            let next = h[i..].iter().find(|e| e["event"] != "waited").unwrap();
+            assert!(next["event"] == "acked" || next["event"] == "failed", "{m}");
+            assert_eq!(w["attempt"], next["attempt"], "{m}");
+            assert!(
+                w["at"].as_str().unwrap() <= next["at"].as_str().unwrap(),
+                "{m}"
+            );
+            // The first wait of an attempt began when the message was due (its retry time,
+            // or its publish for a first attempt), or when it was leased soon after and
+            // parked.
+            if i == 0 || h[i - 1]["event"] != "waited" {
+                let due = if i == 0 {
+                    &m["created_at"]
+                } else {
+                    &h[i - 1]["retry_at"]
+                };
+                let since = ts_ms(&w["since"]) - ts_ms(due);
+                assert!((0..1_000).contains(&since), "{since} ms after due: {m}");
+            }
+            if w["for"] == "breaker" {
+                breaker_waits += 1;
+            }
+        }
+    }
+    // The breaker stayed open ~5 s: every message due in that time waited for it.
+    assert!(breaker_waits >= 30, "only {breaker_waits} breaker waits");
+    for id in &fresh {
+        let m = s.message(id).await;
+        let h = &m["history"][0];
+        assert_eq!(h["event"], "waited", "{m}");
+        assert_eq!(h["for"], "breaker", "{m}");
+        assert_eq!(h["attempt"], 1, "{m}");
+    }
+    // Waiting charged nothing: one attempt per call the endpoint got.
+    let ids: Vec<String> = failed_first.iter().chain(&fresh).cloned().collect();
+    assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
+    // The console's timeline says it in words.
+    let (status, page) = s.get_text(&format!("/ui/messages/{}", fresh[0])).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("waited for the endpoint&#39;s breaker since")
+            || page.contains("waited for the endpoint's breaker since"),
+        "{page}"
+    );
+    s.stop().await;
+}
+
+/// A retry the budget refuses is parked again and again; its history gets one `waited`
+/// entry for the budget, counting the parks, not one per park.
+#[tokio::test]
+async fn a_retry_parked_by_the_budget_gets_one_waited_entry_however_often_it_is_parked() {
+    let (mock, down) = switchable().await;
+    let extra = "breaker = false\nretry_budget = 0.1";
+    let s = server_with(&mock.url("/hook"), extra, true, 1000, "20ms").await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(id_of(&s.publish("hooks", json!({"payload": i})).await));
+    }
+    // Let the budget park retries for a few of its 1 s refusals.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut parked_many = 0;
+    for id in &ids {
+        let m = until_state(&s, id, "done").await;
+        assert_waits_bounded(&m);
+        for (_, w) in waits(&m) {
+            if w["for"] == "budget" {
+                let parks = w["parks"].as_u64().unwrap_or(0);
+                assert!(parks >= 1, "a budget wait is a park: {m}");
+                if parks >= 2 {
+                    parked_many += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        parked_many >= 1,
+        "no retry was parked twice by the budget (or each park got its own entry)"
+    );
+    assert_eq!(attempts_of(&s, &ids).await, mock.got().len() as u64);
+    s.stop().await;
+}

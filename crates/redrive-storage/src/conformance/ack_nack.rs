@@ -81,16 +81,19 @@ pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
             vec![
                 Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: lref(b.message.id, &b.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
                 Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: lref(a.message.id, &a.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
                 Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: lref(MessageId::new(), "t"),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
@@ -458,6 +461,7 @@ fn response(status: Option<u16>, body: &str) -> redrive_core::AttemptResponse {
         status,
         latency_ms: 12,
         body: Some(body.to_owned()),
+        ..Default::default()
     }
 }
 
@@ -471,6 +475,7 @@ pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
                 lease: lref(m.id, &l.token),
                 failure: failure(ErrorClass::Transient, "503 Service Unavailable"),
                 response: Some(response(Some(503), "busy")),
+                waited: Vec::new(),
             }],
             at(5),
         )
@@ -486,6 +491,7 @@ pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
             lease: lref(m.id, &l.token),
             response: Some(response(Some(200), "ok")),
             event: crate::AckEvent::Acked,
+            waited: Vec::new(),
         }],
         at(2_000),
     )
@@ -593,6 +599,120 @@ pub async fn release_of_a_stale_lease_is_refused<S: Store>(s: Arc<S>) {
     assert_eq!(get(&*s, m.id).await.attempts, 1);
 }
 
+/// Issue 15 §3: push delivery parks a message (release) or attempts it late with a note of
+/// what it waited for. The history gets one `waited` entry per reason between two attempts,
+/// however often it is parked, before the attempt's own entry; nothing is charged.
+pub async fn wait_notes_are_one_entry_per_episode_before_the_attempt<S: Store>(s: Arc<S>) {
+    use redrive_core::{HistoryEvent, Waited, WaitedFor};
+    let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
+    let budget = |since| Waited {
+        waited_for: WaitedFor::Budget,
+        since: at(since),
+        parked: true,
+    };
+    // Parked 50 times by the budget.
+    let mut t = 10;
+    for _ in 0..50 {
+        let l = lease_one(&*s, Q, m.id, 30_000, at(t)).await;
+        assert_eq!(l.attempt, 1, "a park charged the attempt");
+        let back = s
+            .release(
+                vec![Release {
+                    lease: lref(m.id, &l.token),
+                    until: at(t),
+                    by: crate::ReleaseBy::Redrive,
+                    waited: vec![budget(t)],
+                }],
+                at(t),
+            )
+            .await
+            .expect("release request")
+            .remove(0)
+            .expect("release");
+        assert_eq!(back.message().attempts, 0);
+        t += 10;
+    }
+    // Then it waits in the store for the breaker, and the attempt fails.
+    let l = lease_one(&*s, Q, m.id, 30_000, at(t)).await;
+    let breaker = Waited {
+        waited_for: WaitedFor::Breaker,
+        since: at(t - 5),
+        parked: false,
+    };
+    s.nack(
+        vec![Nack {
+            lease: lref(m.id, &l.token),
+            failure: failure(ErrorClass::Transient, "503"),
+            response: None,
+            waited: vec![breaker, budget(t)],
+        }],
+        at(t + 1),
+    )
+    .await
+    .expect("nack request")
+    .remove(0)
+    .expect("nack");
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.attempts, 1, "{:?}", got.history);
+    let h = &got.history;
+    assert_eq!(h.len(), 3, "{h:?}");
+    assert_eq!(
+        h[0].event,
+        HistoryEvent::Waited {
+            waited_for: WaitedFor::Budget,
+            since: at(10),
+            parks: 51
+        }
+    );
+    assert_eq!((h[0].attempt, h[0].at), (1, at(t + 1)));
+    assert_eq!(
+        h[1].event,
+        HistoryEvent::Waited {
+            waited_for: WaitedFor::Breaker,
+            since: at(t - 5),
+            parks: 0
+        }
+    );
+    assert!(matches!(h[2].event, HistoryEvent::Failed { .. }));
+    assert_eq!(h[2].attempt, 1);
+    // The next attempt's wait is a new episode; a retried ack notes nothing twice.
+    tick(&*s, at(10_000)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(10_000)).await;
+    let note = Waited {
+        waited_for: WaitedFor::Pace,
+        since: at(9_000),
+        parked: false,
+    };
+    for _ in 0..2 {
+        s.ack(
+            vec![Ack {
+                lease: lref(m.id, &l.token),
+                response: None,
+                event: crate::AckEvent::Acked,
+                waited: vec![note],
+            }],
+            at(10_001),
+        )
+        .await
+        .expect("ack request")
+        .remove(0)
+        .expect("ack");
+    }
+    let got = get(&*s, m.id).await;
+    let h = &got.history;
+    assert_eq!(h.len(), 5, "{h:?}");
+    assert_eq!(h[3].attempt, 2);
+    assert!(matches!(
+        h[3].event,
+        HistoryEvent::Waited {
+            waited_for: WaitedFor::Pace,
+            ..
+        }
+    ));
+    assert!(matches!(h[4].event, HistoryEvent::Acked));
+    assert_eq!(got.attempts, 2);
+}
+
 /// Release one lease (`token` of `id`) until `until`, as redrive itself does (push
 /// parking: never charged); the item's own answer.
 async fn release_one<S: Store>(
@@ -621,6 +741,7 @@ async fn release_by<S: Store>(
             lease: lref(id, token),
             until,
             by,
+            waited: Vec::new(),
         }],
         now,
     )
@@ -850,11 +971,13 @@ pub async fn batch_items_say_how_a_lease_was_settled<S: Store>(s: Arc<S>) {
             vec![
                 Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: lref(a.message.id, &a.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },
                 Nack {
                     response: None,
+                    waited: Vec::new(),
                     lease: lref(d.message.id, &d.token),
                     failure: failure(ErrorClass::Transient, "x"),
                 },

@@ -134,6 +134,7 @@ pub(crate) async fn nack<S: Store>(
                 lease: lref(id, token),
                 failure: f,
                 response: None,
+                waited: Vec::new(),
             }],
             now,
         )

@@ -244,6 +244,7 @@ macro_rules! conformance_tests {
                 consumer_release_is_uncharged_up_to_max_rate_limited_then_counts,
                 charged_release_waits_its_delay_when_longer,
                 redrive_renews_the_release_bound,
+                wait_notes_are_one_entry_per_episode_before_the_attempt,
                 returned_fails_the_delivered_attempt_once,
                 returned_before_the_ack_wins_over_it,
                 returned_until_dead,

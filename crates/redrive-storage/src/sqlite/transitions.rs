@@ -19,7 +19,7 @@ use crate::{
 use redrive_core::{
     fnv1a, AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry,
     HistoryEvent, LastError, Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State,
-    Timestamp,
+    Timestamp, Waited,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -329,6 +329,36 @@ impl WriterState {
             .optional()
             .db()?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// Note a push message's waits before its attempt `attempt` (one entry per wait episode
+    /// and reason: [`redrive_core::note_wait`] updates the episode's entry in place).
+    fn note_waits(
+        &self,
+        seq: i64,
+        attempt: u32,
+        waits: &[Waited],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        if waits.is_empty() {
+            return Ok(());
+        }
+        let text: String = self
+            .conn
+            .prepare_cached("SELECT history FROM messages WHERE seq = ?1")
+            .db()?
+            .query_row([seq], |r| r.get(0))
+            .db()?;
+        let mut history: Vec<HistoryEntry> = serde_json::from_str(&text)?;
+        for wait in waits {
+            redrive_core::note_wait(&mut history, attempt, *wait, now);
+        }
+        self.conn
+            .prepare_cached("UPDATE messages SET history = ?2 WHERE seq = ?1")
+            .db()?
+            .execute(params![seq, serde_json::to_string(&history)?])
+            .db()?;
+        Ok(())
     }
 
     fn append_history(&self, seq: i64, entry: &HistoryEntry) -> Result<(), StoreError> {
@@ -836,6 +866,12 @@ impl WriterState {
 
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
         let lease = &ack.lease;
+        if !ack.waited.is_empty() {
+            // Before the attempt's entry; only for the live lease (a retried ack notes nothing).
+            if let Ok(row) = self.leased_row(lease, now) {
+                self.note_waits(row.seq, row.attempts, &ack.waited, now)?;
+            }
+        }
         let response = ack
             .response
             .as_ref()
@@ -884,6 +920,7 @@ impl WriterState {
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
+        self.note_waits(row.seq, row.attempts, &nack.waited, now)?;
         let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
         self.fail_attempt(row, &nack.failure, nack.response.as_ref(), end, now)
     }
@@ -920,6 +957,8 @@ impl WriterState {
         now: Timestamp,
     ) -> Result<ReleasedRow, StoreError> {
         let mut row = self.leased_row(&release.lease, now)?;
+        // The attempt it waits to make is the one this lease counted (taken back below).
+        self.note_waits(row.seq, row.attempts, &release.waited, now)?;
         let ended = LeaseEnd::Settled(Settled::Released);
         if release.by == ReleaseBy::Consumer {
             let bound = self.catalog.get(&row.queue).retry.max_rate_limited;

@@ -260,6 +260,16 @@ struct Figures {
     done: u64,
 }
 
+impl Figures {
+    /// Drain ÷ bound (SPEC §10: at most 1.3 for 15 s, 30 s and 60 s outages).
+    fn drain_over_bound(&self) -> Option<f64> {
+        match (self.drain_s, self.bound_s) {
+            (Some(d), Some(b)) if b > 0.0 => Some(d / b),
+            _ => None,
+        }
+    }
+}
+
 /// Run the storm and print its report.
 pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<()> {
     // The server must push the two queues to our two endpoints.
@@ -511,6 +521,7 @@ fn print(shape: &Shape, figures: &[Figures], json_out: bool) {
                     "peak_over_capacity": f64::from(f.peak_after) / shape.capacity,
                     "drain_s": f.drain_s,
                     "drain_bound_s": f.bound_s,
+                    "drain_over_bound": f.drain_over_bound(),
                     "dead": f.dead,
                     "done": f.done,
                 })
@@ -530,12 +541,15 @@ fn print(shape: &Shape, figures: &[Figures], json_out: bool) {
         format_duration_ms(shape.before.as_millis() as u64),
         format_duration_ms(shape.refused.as_millis() as u64),
     );
-    println!("| protection | published | calls per message | outage calls / outage messages | peak calls/s after recovery (÷ capacity) | drain after recovery (bound) | dead | done |");
+    println!("| protection | published | calls per message | outage calls / outage messages | peak calls/s after recovery (÷ capacity) | drain after recovery (bound: ×) | dead | done |");
     println!("|---|---|---|---|---|---|---|---|");
     let secs = |s: Option<f64>| s.map_or("not drained".to_owned(), |s| format!("{s:.1} s"));
     for (f, n) in figures.iter().zip(names) {
+        let ratio = f
+            .drain_over_bound()
+            .map_or(String::new(), |r| format!(": {r:.2}×"));
         println!(
-            "| {n} | {} | {:.2} | {:.0} / {} ({:.2} %) | {} ({:.2}×) | {} ({}) | {} | {} |",
+            "| {n} | {} | {:.3} | {:.0} / {} ({:.2} %) | {} ({:.2}×) | {} ({}{ratio}) | {} | {} |",
             f.published,
             f.calls / f.published.max(1) as f64,
             f.outage_calls,

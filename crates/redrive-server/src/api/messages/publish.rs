@@ -217,6 +217,7 @@ fn parse_item(
     };
     let headers = item.headers.unwrap_or_default();
     check_headers(&field("headers"), &headers, &s.config)?;
+    check_push_headers(&field("headers"), &headers, queue, s)?;
     let target_url = match item.target_url {
         None => None,
         Some(t) => Some(target_url(&field("target_url"), t, queue, s)?),
@@ -233,6 +234,31 @@ fn parse_item(
         deliver_at,
         failed,
     })
+}
+
+/// On a push queue, refuse a header the push request owns (SPEC §10: transport and hop-by-hop
+/// headers, `content-type`, `webhook-*`, `redrive-*`), naming it: it would not be sent.
+fn check_push_headers(
+    field: &str,
+    headers: &BTreeMap<String, String>,
+    queue: &str,
+    s: &AppState,
+) -> Result<(), ApiError> {
+    if !s.engine.push().is_push(queue) {
+        return Ok(());
+    }
+    match headers
+        .keys()
+        .find(|n| redrive_push::send::is_server_owned_header(n))
+    {
+        None => Ok(()),
+        Some(name) => Err(ApiError::bad_request(
+            "reserved_header",
+            format!(
+                "{field}.{name}: queue {queue} is a push queue, and its requests' {name} header is                  redrive's (transport and hop-by-hop headers, content-type, webhook-* and                  redrive-* are set by the server); leave it out"
+            ),
+        )),
+    }
 }
 
 /// Longest `target_url`.
@@ -270,7 +296,7 @@ fn target_url(field: &str, t: String, queue: &str, s: &AppState) -> Result<Strin
     responses(
         (status = 201, description = "Created: the message, or {\"messages\": [...]}"),
         (status = 200, description = "Idempotent replay: the original message(s)"),
-        (status = 400, description = "Bad input, naming the field (and item index)", body = ErrorBody),
+        (status = 400, description = "Bad input, naming the field (and item index); on a push queue, `reserved_header` for a header the push request owns", body = ErrorBody),
         (status = 409, description = "Idempotency key reused with a different payload", body = ErrorBody),
         (status = 413, description = "Payload or body too large", body = ErrorBody)))]
 pub async fn publish(

@@ -714,6 +714,7 @@ async fn republish_loop(
                     lease,
                     until,
                     by: redrive_storage::ReleaseBy::Redrive,
+                    waited: Vec::new(),
                 });
             }
         }

@@ -517,6 +517,7 @@ async fn republish_loop(
                         lease,
                         until,
                         by: redrive_storage::ReleaseBy::Redrive,
+                        waited: Vec::new(),
                     };
                     let _ = engine.release(vec![release]).await;
                     return Err(e);
