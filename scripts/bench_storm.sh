@@ -11,7 +11,7 @@
 #   30  issue 15's: 100 msg/s for 120 s, down after 30 s for 30 s (10 s refused)
 #   15  100 msg/s for 100 s, down after 30 s for 15 s (5 s refused)
 #
-#   scripts/bench_storm.sh                       # the three cases, ~15 minutes
+#   scripts/bench_storm.sh                       # the three cases, ~10 minutes
 #   CASES=30 scripts/bench_storm.sh              # one of them
 #   OUTAGE=45s REFUSED=15s RATE=150 ARRIVALS=150s scripts/bench_storm.sh   # a shape of your own
 #
