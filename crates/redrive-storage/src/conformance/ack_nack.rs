@@ -1254,7 +1254,29 @@ pub async fn returned_before_the_ack_wins_over_it<S: Store>(s: Arc<S>) {
         late.is_err(),
         "a late ack made a returned message done: {late:?}"
     );
-    assert_eq!(get(&*s, m.id).await.state, State::Scheduled);
+    let got = get(&*s, m.id).await;
+    assert_eq!(got.state, State::Scheduled);
+    // The copy's return proves the broker took it: the history reads republished, then
+    // failed, for attempt 1, as when the ack comes first (issue 15: under load the return
+    // won the race and the history lost the republish).
+    let events: Vec<(u32, &str)> = got
+        .history
+        .iter()
+        .map(|h| {
+            let name = match &h.event {
+                redrive_core::HistoryEvent::Republished => "republished",
+                redrive_core::HistoryEvent::Failed { .. } => "failed",
+                _ => "other",
+            };
+            (h.attempt, name)
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [(1, "republished"), (1, "failed")],
+        "{:?}",
+        got.history
+    );
 }
 
 /// Returns count against `max_attempts` like any failed attempt.

@@ -939,7 +939,23 @@ impl WriterState {
         // Back from done: it is not finished any more (dead sets it again). A leased one's
         // lease ends here, failed; a done one's was acked and stays so.
         let end = match row.state {
-            State::Leased => AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked)),
+            State::Leased => {
+                // The copy came back before the bridge settled its lease (the broker's
+                // confirm and the consumer's reject raced the ack): that the copy exists
+                // proves the broker took it, so the history says so before the failure, as
+                // it would have had the ack come first.
+                self.append_history(
+                    row.seq,
+                    &HistoryEntry {
+                        attempt: row.attempts,
+                        at: now,
+                        leased_at: row.leased_at.map(Timestamp::from_millis),
+                        event: HistoryEvent::Republished,
+                        response: None,
+                    },
+                )?;
+                AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked))
+            }
             _ => AttemptEnd::default(),
         };
         row.finished_at = None;
