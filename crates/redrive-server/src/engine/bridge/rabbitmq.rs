@@ -13,7 +13,7 @@
 //!      order, `1.0`, `\u00e9` …); else the body as a string, or base64 when it is not
 //!      UTF-8 (`amqp-body`: `json`, `utf8` or `base64`);
 //!    - the properties are plain JSON (`amqp-properties`, and `amqp-headers` with
-//!      `amqp-header-types` for the types JSON does not tell: see [`super::amqp_json`]);
+//!      `amqp-header-types` for the types JSON does not tell: see `engine/bridge/amqp_json.rs`);
 //!    - its size obeys the publish limits ([`super::IntakeLimits`]);
 //! 2. a copy the bridge republished earlier carries `x-redrive-id` and
 //!    `x-redrive-attempt`: it is matched to its redrive message ([`Store::returned`]: one
