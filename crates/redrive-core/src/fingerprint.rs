@@ -178,8 +178,10 @@ fn word_before(toks: &[Token], i: usize) -> Option<usize> {
 }
 
 fn word_is(chars: &[char], t: &Token, names: &[&str]) -> bool {
-    let w: String = chars[t.start..t.end].iter().collect();
-    names.iter().any(|n| w.eq_ignore_ascii_case(n))
+    let w = &chars[t.start..t.end];
+    names.iter().any(|n| {
+        n.chars().count() == w.len() && n.chars().zip(w).all(|(a, b)| a.eq_ignore_ascii_case(b))
+    })
 }
 
 /// Whether the word at `toks[i]` is an HTTP status or an SQLSTATE by its context.

@@ -470,8 +470,6 @@ pub struct Protection {
     opened_total: u64,
     /// Open: when the period ends.
     open_until_ms: u64,
-    /// The current open period (grows with failed probes).
-    open_period_ms: u64,
     /// HalfOpen: the probe is out.
     probe_out: bool,
     /// Closed: the breaker's sliding window.
@@ -525,7 +523,6 @@ impl Protection {
             b.min_calls = b.min_calls.max(1);
             b.trickle_calls = b.trickle_calls.max(1);
         }
-        let open_period_ms = config.breaker.map_or(0, |b| b.open_ms);
         let rate_bucket = config.rate_limit_per_s.map(|r| Bucket::new(r, now_ms));
         Self {
             config,
@@ -535,7 +532,6 @@ impl Protection {
             in_flight: 0,
             opened_total: 0,
             open_until_ms: 0,
-            open_period_ms,
             probe_out: false,
             window: VecDeque::new(),
             recovering_calls: 0,
@@ -952,7 +948,6 @@ impl Protection {
 
     fn open(&mut self, now: u64, period_ms: u64) {
         self.enter(BreakerState::Open, now);
-        self.open_period_ms = period_ms;
         self.open_until_ms = now.saturating_add(period_ms);
         self.opened_total += 1;
         self.probe_out = false;

@@ -31,6 +31,21 @@ impl TaskAction {
         }
     }
 
+    /// What it did to a message, in the past tense (`redriven`), as a task's counts say it.
+    pub fn past_tense(self) -> &'static str {
+        match self {
+            TaskAction::Redrive => "redriven",
+            TaskAction::Kill => "killed",
+            TaskAction::Delete => "deleted",
+        }
+    }
+
+    /// [`TaskAction::past_tense`] of the action named `name` ("acted on" for a name it
+    /// does not know).
+    pub fn past_tense_of(name: &str) -> &'static str {
+        Self::parse(name).map_or("acted on", Self::past_tense)
+    }
+
     /// The action named `s`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {

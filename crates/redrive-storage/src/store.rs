@@ -220,6 +220,19 @@ pub struct Release {
     pub waited: Vec<Waited>,
 }
 
+impl Release {
+    /// redrive's own release (push parking, a bridge whose broker refused a republish):
+    /// never charged, nothing noted.
+    pub fn by_redrive(lease: LeaseRef, until: Timestamp) -> Self {
+        Self {
+            lease,
+            until,
+            by: ReleaseBy::Redrive,
+            waited: Vec::new(),
+        }
+    }
+}
+
 /// Who releases a lease ([`Release`]), and so whether releases are bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseBy {

@@ -242,6 +242,11 @@ impl Endpoint {
 
     /// The protection refused a call for `reason` at `at` (engine clock).
     fn refused(&self, reason: WaitReason, at: Timestamp) {
+        // Only the reasons a note names are kept: a call slot waited for on a busy, healthy
+        // endpoint (concurrency) takes no lock.
+        if !Refusals::ORDER.contains(&reason) {
+            return;
+        }
         self.refusals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -672,10 +677,8 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
     });
     let until = now.plus_ms(wait.until_ms.saturating_sub(now_ms));
     let release = Release {
-        lease: redrive_storage::LeaseRef { id, token: l.token },
-        until,
-        by: redrive_storage::ReleaseBy::Redrive,
         waited,
+        ..Release::by_redrive(redrive_storage::LeaseRef { id, token: l.token }, until)
     };
     match engine.release(vec![release]).await {
         Ok(mut r) => match r.pop() {

@@ -36,7 +36,7 @@ pub const DEFAULT_STOP_FAILURE_RATIO: f64 = 0.5;
 /// See [`DEFAULT_STOP_FAILURE_RATIO`].
 pub const DEFAULT_STOP_MIN_OUTCOMES: u32 = 20;
 /// Known outcomes the stop rule looks at (the most recent).
-const OUTCOME_WINDOW: usize = 100;
+pub const OUTCOME_WINDOW: usize = 100;
 /// Redriven messages watched per task at most (older ones are forgotten).
 const MAX_WATCHED: usize = 2_000;
 /// Redriven messages read back per step.
@@ -204,12 +204,11 @@ async fn step(
     let page = store
         .search(plan.selection.clone(), batch, task.cursor.clone())
         .await?;
-    let selected: Vec<&redrive_core::Message> = page.messages.iter().collect();
     let out = store
         .task_step(
             TaskStep {
                 task: task.id.clone(),
-                ids: selected.iter().map(|m| m.id).collect(),
+                ids: page.messages.iter().map(|m| m.id).collect(),
                 next_cursor: page.next_cursor.clone(),
                 kill_reason: plan.kill_reason.clone(),
             },
@@ -219,7 +218,7 @@ async fn step(
     if !out.ran {
         return Ok(Duration::ZERO);
     }
-    for m in selected.iter().filter(|m| out.applied.contains(&m.id)) {
+    for m in page.messages.iter().filter(|m| out.applied.contains(&m.id)) {
         engine.acted(task.action, &m.queue, m.key.is_some());
     }
     if out.task.state == TaskState::Done {
@@ -234,7 +233,7 @@ async fn step(
         }
         check_outcomes(engine, &plan, &out.task, watch).await?;
     }
-    Ok(pause(selected.len().max(1)))
+    Ok(pause(page.messages.len().max(1)))
 }
 
 /// Read back a few redriven messages; stop the task when too many failed again.

@@ -106,20 +106,16 @@ impl Sessions {
         let now = Instant::now();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, s| now.duration_since(s.last_seen) < IDLE);
-        let mine: Vec<(&String, Instant)> = map
-            .iter()
-            .filter(|(_, s)| s.caller.name == caller.name)
-            .map(|(k, s)| (k, s.last_seen))
-            .collect();
-        let oldest = (mine.len() >= MAX_SESSIONS_PER_TOKEN)
-            .then(|| {
-                mine.iter()
-                    .min_by_key(|(_, at)| *at)
-                    .map(|(k, _)| (*k).clone())
-            })
-            .flatten();
-        if let Some(oldest) = oldest {
-            map.remove(&oldest);
+        let mine = map.iter().filter(|(_, s)| s.caller.name == caller.name);
+        let (count, oldest) = mine.fold((0, None::<(&String, Instant)>), |(n, old), (k, s)| {
+            let older = old.is_none_or(|(_, at)| s.last_seen < at);
+            (n + 1, if older { Some((k, s.last_seen)) } else { old })
+        });
+        if let Some(k) = oldest
+            .filter(|_| count >= MAX_SESSIONS_PER_TOKEN)
+            .map(|(k, _)| k.clone())
+        {
+            map.remove(&k);
         }
         map.insert(
             id.clone(),

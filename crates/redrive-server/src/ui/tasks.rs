@@ -340,12 +340,7 @@ pub async fn detail(
 
 /// What a task's action did to a message, in the past tense (`redriven`).
 fn acted(action: &str) -> &'static str {
-    match action {
-        "redrive" => "redriven",
-        "kill" => "killed",
-        "delete" => "deleted",
-        _ => "acted on",
-    }
+    redrive_storage::TaskAction::past_tense_of(action)
 }
 
 /// The counts in words: `22 redriven, 0 refused.` (issue 15: a stopped redrive read
@@ -375,8 +370,9 @@ fn counts_legend(t: &TaskView) -> String {
         let _ = write!(
             b,
             " A redriven message that fails again still counts as redriven: the stop rule watches those, and stops \
-             the task when more than {:.0} % of the last 100 whose outcome is known failed again.",
-            ratio * 100.0
+             the task when more than {:.0} % of the last {} whose outcome is known failed again.",
+            ratio * 100.0,
+            crate::engine::tasks::OUTCOME_WINDOW
         );
     }
     b.push_str("</p>");

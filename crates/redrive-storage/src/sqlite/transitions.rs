@@ -343,13 +343,7 @@ impl WriterState {
         if waits.is_empty() {
             return Ok(());
         }
-        let text: String = self
-            .conn
-            .prepare_cached("SELECT history FROM messages WHERE seq = ?1")
-            .db()?
-            .query_row([seq], |r| r.get(0))
-            .db()?;
-        let mut history: Vec<HistoryEntry> = serde_json::from_str(&text)?;
+        let mut history = self.history(seq)?;
         for wait in waits {
             redrive_core::note_wait(&mut history, attempt, *wait, now);
         }
@@ -359,6 +353,17 @@ impl WriterState {
             .execute(params![seq, serde_json::to_string(&history)?])
             .db()?;
         Ok(())
+    }
+
+    /// The history of the message at `seq`, parsed.
+    fn history(&self, seq: i64) -> Result<Vec<HistoryEntry>, StoreError> {
+        let text: String = self
+            .conn
+            .prepare_cached("SELECT history FROM messages WHERE seq = ?1")
+            .db()?
+            .query_row([seq], |r| r.get(0))
+            .db()?;
+        Ok(serde_json::from_str(&text)?)
     }
 
     fn append_history(&self, seq: i64, entry: &HistoryEntry) -> Result<(), StoreError> {
@@ -838,14 +843,8 @@ impl WriterState {
         if token_attempt.is_some_and(|n| n > row.attempts) {
             return Ok(LeaseEnd::Settled(Settled::Released));
         }
-        let history: String = self
-            .conn
-            .prepare_cached("SELECT history FROM messages WHERE seq = ?1")
-            .db()?
-            .query_row([row.seq], |r| r.get(0))
-            .db()?;
-        let history: Vec<HistoryEntry> = serde_json::from_str(&history)?;
-        let end = history
+        let end = self
+            .history(row.seq)?
             .iter()
             .rev()
             .filter(|h| h.attempt == row.attempts)
@@ -867,9 +866,23 @@ impl WriterState {
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
         let lease = &ack.lease;
         if !ack.waited.is_empty() {
-            // Before the attempt's entry; only for the live lease (a retried ack notes nothing).
-            if let Ok(row) = self.leased_row(lease, now) {
-                self.note_waits(row.seq, row.attempts, &ack.waited, now)?;
+            // Before the attempt's entry; only for the live lease (the fast path's condition
+            // below: a retried ack notes nothing, and a refused one is named after it).
+            let live: Option<(i64, u32)> = self
+                .conn
+                .prepare_cached(
+                    "SELECT seq, attempts FROM messages \
+                     WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3",
+                )
+                .db()?
+                .query_row(
+                    params![lease.id.to_string(), lease.token, now.as_millis()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .db()?;
+            if let Some((seq, attempts)) = live {
+                self.note_waits(seq, attempts, &ack.waited, now)?;
             }
         }
         let response = ack

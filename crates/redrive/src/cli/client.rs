@@ -242,9 +242,14 @@ async fn messages(api: &Client, command: MessagesCommand) -> anyhow::Result<()> 
 
 /// A time as the CLI prints it for people: `2026-01-31 12:00:00 UTC` (JSON keeps RFC 3339).
 pub fn utc(t: Timestamp) -> String {
+    format!("{} UTC", utc_bare(t))
+}
+
+/// [`utc`] without its ` UTC`, for a table whose column heading says `(UTC)`.
+pub fn utc_bare(t: Timestamp) -> String {
     let full = t.to_rfc3339();
     match full.get(..19) {
-        Some(s) => format!("{} UTC", s.replace('T', " ")),
+        Some(s) => s.replace('T', " "),
         None => full,
     }
 }
@@ -336,10 +341,7 @@ pub fn messages_table(page: &SearchPage) -> Table {
             m.state.as_str().to_owned(),
             m.attempts.to_string(),
             m.key.clone().unwrap_or_else(|| "-".into()),
-            m.finished_at.map_or_else(
-                || "-".to_owned(),
-                |t| utc(t).trim_end_matches(" UTC").to_owned(),
-            ),
+            m.finished_at.map_or_else(|| "-".to_owned(), utc_bare),
             last_error,
         ]);
     }

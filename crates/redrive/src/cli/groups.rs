@@ -2,7 +2,7 @@
 //! the fingerprint of their last error, largest first), so an operator gets a fingerprint
 //! for `messages list --fingerprint` or `tasks create --fingerprint` without curl.
 
-use super::client::{cli_error, utc};
+use super::client::{cli_error, utc_bare};
 use super::output::{emit, print_json, truncate, Align, Table};
 use crate::GroupsArgs;
 use redrive_client::{Client, FailureGroups};
@@ -39,10 +39,7 @@ pub fn groups_table(g: &FailureGroups) -> Table {
         t.push(vec![
             group.count.to_string(),
             group.queues.join(","),
-            group.last_at.map_or_else(
-                || "-".to_owned(),
-                |at| utc(at).trim_end_matches(" UTC").to_owned(),
-            ),
+            group.last_at.map_or_else(|| "-".to_owned(), utc_bare),
             group
                 .example
                 .as_deref()

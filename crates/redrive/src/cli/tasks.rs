@@ -1,7 +1,7 @@
 //! `redrive tasks …` and `redrive audit`: bulk actions as durable tasks (SPEC §12), with a
 //! progress bar while one runs, and the audit log.
 
-use super::client::{cli_error, filter_of, utc};
+use super::client::{cli_error, filter_of, utc_bare};
 use super::output::{emit, print_json, truncate, Align, Table};
 use super::usage;
 use crate::{AuditArgs, TaskCreateArgs, TasksCommand};
@@ -133,12 +133,7 @@ async fn follow(api: &Client, id: &str) -> anyhow::Result<Task> {
 
 /// What a task's action did to a message, in the past tense (`redriven`).
 fn acted(action: &str) -> &'static str {
-    match action {
-        "redrive" => "redriven",
-        "kill" => "killed",
-        "delete" => "deleted",
-        _ => "acted on",
-    }
+    redrive_storage::TaskAction::past_tense_of(action)
 }
 
 /// A task's counts said with what they mean (issue 15: a stopped redrive read "22 done, 0
@@ -158,16 +153,13 @@ pub fn counts_in_words(t: &Task) -> String {
     if let Some(ratio) = t.stop_failure_ratio {
         s.push_str(&format!(
             "; the stop rule watches the redriven ones: it stops the task when more than {:.0} % \
-             of the last 100 whose outcome is known failed again",
-            ratio * 100.0
+             of the last {} whose outcome is known failed again",
+            ratio * 100.0,
+            redrive_server::engine::tasks::OUTCOME_WINDOW
         ));
     }
     if let Some(r) = &t.stop_reason {
-        s.push_str(&format!(
-            "
-{}: {r}",
-            t.state
-        ));
+        s.push_str(&format!("\n{}: {r}", t.state));
     }
     s
 }
@@ -219,7 +211,7 @@ pub fn tasks_table(tasks: &[Task]) -> Table {
             t.failed.to_string(),
             t.total.to_string(),
             t.created_by.clone(),
-            utc(t.created_at).trim_end_matches(" UTC").to_owned(),
+            utc_bare(t.created_at),
             truncate(&t.filter.to_string(), 60),
         ]);
     }
@@ -249,7 +241,7 @@ pub async fn audit(api: &Client, args: &AuditArgs) -> anyhow::Result<()> {
     ]);
     for e in &page.entries {
         table.push(vec![
-            utc(e.at).trim_end_matches(" UTC").to_owned(),
+            utc_bare(e.at),
             e.actor.clone(),
             e.action.clone(),
             e.target.clone().unwrap_or_default(),

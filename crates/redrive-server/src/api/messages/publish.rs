@@ -255,7 +255,7 @@ fn check_push_headers(
         Some(name) => Err(ApiError::bad_request(
             "reserved_header",
             format!(
-                "{field}.{name}: queue {queue} is a push queue, and its requests' {name} header is                  redrive's (transport and hop-by-hop headers, content-type, webhook-* and                  redrive-* are set by the server); leave it out"
+                "{field}.{name}: queue {queue} is a push queue, and its requests' {name} header is redrive's (transport and hop-by-hop headers, content-type, webhook-* and redrive-* are set by the server); leave it out"
             ),
         )),
     }

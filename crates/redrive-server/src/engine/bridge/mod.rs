@@ -50,6 +50,18 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// (`payload_too_large`, `headers_too_large`). A bridge never republishes such a message.
 pub const H_REFUSED: &str = "redrive-refused";
 
+/// Whether a stored message can be republished as it came: not one stored without what
+/// was over the size limits ([`H_REFUSED`]); its redrive is refused instead.
+pub(super) fn republishable(m: &Message) -> Result<(), String> {
+    match m.headers.get(H_REFUSED) {
+        Some(code) => Err(format!(
+            "it was stored without what was over the size limits ({code}): it cannot be \
+             republished as it came"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The size limits of a publish (`max_payload_bytes`, `max_header_bytes`, measured as the
 /// publish measures them: the JSON text of the payload and of the headers), which a
 /// bridged message obeys too (SPEC §11).
@@ -538,6 +550,31 @@ pub(super) fn base64_encode(bytes: &[u8]) -> String {
 pub(super) fn base64_decode(text: &str) -> Option<Vec<u8>> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(text).ok()
+}
+
+/// A message as a bridge stored it, leased for a republish (the bridges' unit tests).
+#[cfg(test)]
+fn stored_for_test(payload: serde_json::Value, headers: BTreeMap<String, String>) -> Message {
+    Message {
+        id: redrive_core::MessageId::new(),
+        queue: "q".into(),
+        state: State::Leased,
+        payload,
+        headers,
+        key: None,
+        idempotency_key: None,
+        priority: 0,
+        attempts: 1,
+        due_at: None,
+        lease_expires_at: None,
+        created_at: redrive_core::Timestamp::from_millis(0),
+        updated_at: redrive_core::Timestamp::from_millis(0),
+        finished_at: None,
+        dead_reason: None,
+        last_error: None,
+        history: Vec::new(),
+        target_url: None,
+    }
 }
 
 #[cfg(test)]

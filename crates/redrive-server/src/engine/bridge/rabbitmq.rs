@@ -588,12 +588,7 @@ fn intake_of(s: &RabbitSettings, d: &Delivery) -> Result<Intake, String> {
 /// The body, the destination and the properties a stored message was taken in with (its
 /// payload as an operator may have edited it).
 fn rebuild(m: &Message) -> Result<(String, String, BasicProperties, Vec<u8>), String> {
-    if let Some(code) = m.headers.get(super::H_REFUSED) {
-        return Err(format!(
-            "it was stored without what was over the size limits ({code}): it cannot be \
-             republished as it came"
-        ));
-    }
+    super::republishable(m)?;
     let header = |k: &str| {
         m.headers
             .get(k)
@@ -710,12 +705,7 @@ async fn republish_loop(
                     .republish_refused
                     .fetch_add(1, Ordering::Relaxed);
                 let until = engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
-                releases.push(Release {
-                    lease,
-                    until,
-                    by: redrive_storage::ReleaseBy::Redrive,
-                    waited: Vec::new(),
-                });
+                releases.push(Release::by_redrive(lease, until));
             }
         }
         // The consumer may already have rejected a copy (the return wins): its ack is then
@@ -766,6 +756,9 @@ async fn confirmed(confirm: PublisherConfirm) -> Result<bool, String> {
 /// An exhausted message: count it, and publish it to `dead_exchange` when set.
 async fn bury(bridge: &Arc<Bridge>, s: &RabbitSettings, publish: &Channel, m: &Message) {
     bridge.counters.dead.fetch_add(1, Ordering::Relaxed);
+    if s.dead_exchange.is_none() {
+        return;
+    }
     let Ok((_, routing_key, props, body)) = rebuild(m) else {
         return;
     };
@@ -847,7 +840,6 @@ async fn to_dead_exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redrive_core::{State, Timestamp};
     use serde_json::json;
 
     #[test]
@@ -889,29 +881,11 @@ mod tests {
     }
 
     fn stored(payload: serde_json::Value, headers: &[(&str, &str)]) -> Message {
-        Message {
-            id: MessageId::new(),
-            queue: "q".into(),
-            state: State::Leased,
-            payload,
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            key: None,
-            idempotency_key: None,
-            priority: 0,
-            attempts: 1,
-            due_at: None,
-            lease_expires_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
-            finished_at: None,
-            dead_reason: None,
-            last_error: None,
-            history: Vec::new(),
-            target_url: None,
-        }
+        let headers = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        super::super::stored_for_test(payload, headers)
     }
 
     #[test]

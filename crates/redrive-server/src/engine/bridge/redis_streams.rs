@@ -394,12 +394,7 @@ fn payload_of(fields: &[(Vec<u8>, Vec<u8>)], order_max: usize) -> (Json, Option<
 /// The fields a stored message was taken in with (its payload as an operator may have
 /// edited it), in the entry's order.
 fn fields_of(m: &Message) -> Result<Fields, String> {
-    if let Some(code) = m.headers.get(H_REFUSED) {
-        return Err(format!(
-            "it was stored without what was over the size limits ({code}): it cannot be \
-             republished as it came"
-        ));
-    }
+    super::republishable(m)?;
     match &m.payload {
         Json::Array(pairs) => pairs
             .iter()
@@ -513,13 +508,9 @@ async fn republish_loop(
                         .republish_refused
                         .fetch_add(1, Ordering::Relaxed);
                     let until = engine.clock().now().plus_ms(1_000);
-                    let release = Release {
-                        lease,
-                        until,
-                        by: redrive_storage::ReleaseBy::Redrive,
-                        waited: Vec::new(),
-                    };
-                    let _ = engine.release(vec![release]).await;
+                    let _ = engine
+                        .release(vec![Release::by_redrive(lease, until)])
+                        .await;
                     return Err(e);
                 }
             }
@@ -573,30 +564,10 @@ async fn bury_fields(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redrive_core::{State, Timestamp};
     use serde_json::json;
 
     fn stored(payload: Json, headers: BTreeMap<String, String>) -> Message {
-        Message {
-            id: MessageId::new(),
-            queue: "q".into(),
-            state: State::Leased,
-            payload,
-            headers,
-            key: None,
-            idempotency_key: None,
-            priority: 0,
-            attempts: 1,
-            due_at: None,
-            lease_expires_at: None,
-            created_at: Timestamp::from_millis(0),
-            updated_at: Timestamp::from_millis(0),
-            finished_at: None,
-            dead_reason: None,
-            last_error: None,
-            history: Vec::new(),
-            target_url: None,
-        }
+        super::super::stored_for_test(payload, headers)
     }
 
     /// Through the store's JSON text and back, as a republish sees it.
