@@ -512,6 +512,35 @@ impl RetryPolicy {
         }
     }
 
+    /// `decision` held to "no earlier than `later`" (a release's `delay` past its bound):
+    /// a retry due before `later` is moved to it, or dead (`max_age`) when `later` is past
+    /// the window; any other decision is kept.
+    pub fn not_before(
+        &self,
+        decision: Decision,
+        ctx: &FailureContext,
+        later: Timestamp,
+    ) -> Decision {
+        match decision {
+            Decision::Retry {
+                due_at, counted, ..
+            } if later > due_at => {
+                if later > ctx.window_start.plus_ms(self.max_age_ms) {
+                    Decision::Dead {
+                        reason: DeadReason::MaxAge,
+                    }
+                } else {
+                    Decision::Retry {
+                        delay_ms: (later.as_millis() - ctx.now.as_millis()).max(0) as u64,
+                        due_at: later,
+                        counted,
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The shortest wait after a `rate_limited` failure when `counted_attempts` attempts
     /// are counted (≥ 1): the backoff's delay for that attempt before jitter, capped at
     /// `max_delay` (for `decorrelated` and `sidekiq`, the shortest they can draw).
@@ -718,6 +747,42 @@ mod tests {
             last.cumulative_min_ms
         );
         assert!(last.cumulative_max_ms >= 8 * HOUR);
+    }
+
+    #[test]
+    fn not_before_moves_an_earlier_retry_and_kills_past_the_window() {
+        let p = RetryPolicy::default();
+        let c = ctx(1);
+        let retry = |due_ms: i64| Decision::Retry {
+            delay_ms: 10,
+            due_at: c.now.plus_ms(due_ms as u64),
+            counted: true,
+        };
+        let later = c.now.plus_ms(60_000);
+        assert_eq!(
+            p.not_before(retry(10), &c, later),
+            Decision::Retry {
+                delay_ms: 60_000,
+                due_at: later,
+                counted: true
+            }
+        );
+        assert_eq!(
+            p.not_before(retry(90_000), &c, later),
+            retry(90_000),
+            "already later"
+        );
+        let past = c.window_start.plus_ms(p.max_age_ms + 1);
+        assert_eq!(
+            p.not_before(retry(10), &c, past),
+            Decision::Dead {
+                reason: DeadReason::MaxAge
+            }
+        );
+        let dead = Decision::Dead {
+            reason: DeadReason::MaxAttempts,
+        };
+        assert_eq!(p.not_before(dead, &c, later), dead);
     }
 
     #[test]

@@ -593,26 +593,8 @@ impl WriterState {
             uncharged_rate_limited: row.uncounted,
         };
         let mut decision = settings.retry.decide(&ctx, failure, &mut self.rng);
-        if let (
-            Decision::Retry {
-                due_at, counted, ..
-            },
-            Some(later),
-        ) = (decision, not_before)
-        {
-            if later > due_at {
-                decision = if later > ctx.window_start.plus_ms(settings.retry.max_age_ms) {
-                    Decision::Dead {
-                        reason: DeadReason::MaxAge,
-                    }
-                } else {
-                    Decision::Retry {
-                        delay_ms: (later.as_millis() - now.as_millis()).max(0) as u64,
-                        due_at: later,
-                        counted,
-                    }
-                };
-            }
+        if let Some(later) = not_before {
+            decision = settings.retry.not_before(decision, &ctx, later);
         }
         let error = LastError {
             class: failure.class,
