@@ -209,8 +209,10 @@ async fn the_php_worker_acks_nacks_each_class_and_releases_on_sigterm() {
         .expect("the worker did not stop within 15 s of SIGTERM")
         .expect("wait");
     assert!(status.success(), "the worker's exit: {status:?}");
+    // Every line the worker wrote, to its end: the reader task may still be forwarding
+    // the last ones when the process has exited (the channel closes at end of output).
     let mut rest = Vec::new();
-    while let Ok(line) = rx.try_recv() {
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
         rest.push(line);
     }
     // The one in hand was finished; the other four were handed back.
