@@ -17,7 +17,7 @@
 //!   within `max_schedule_ahead`.
 //! - **Time filters** of a search, an export and a task (`since`, `until`, `finished_since`,
 //!   `finished_until`) take either a timestamp or a duration as above meaning "that long ago"
-//!   (`since=12h`), up to [`MAX_AGO`]; one pattern states both ([`time_filter_pattern`]).
+//!   (`since=12h`), up to [`MAX_AGO`]; the document states both (`time_filter_schema`).
 //! - **Message ids** are hyphenated UUIDs; **queue names** `[A-Za-z0-9._:-]{1,128}`.
 //!
 //! The document from the handlers' annotations (`utoipa`) is patched by [`document`] with
@@ -258,6 +258,7 @@ pub fn time_filter_in(field: &str, raw: &str, now: Timestamp) -> Result<Timestam
 
 /// The pattern of exactly the values [`time_filter_in`] accepts: a timestamp (any year) or
 /// a duration up to [`MAX_AGO`].
+#[cfg(test)]
 pub fn time_filter_pattern() -> String {
     let bare = |p: String| {
         p.strip_prefix('^')
@@ -270,6 +271,16 @@ pub fn time_filter_pattern() -> String {
         bare(timestamp_pattern(9999)),
         bare(duration_pattern(MAX_AGO))
     )
+}
+
+/// The schema of a time filter: the two halves of [`time_filter_pattern`], the timestamp
+/// with `format: date-time` as well, so a generator draws real calendar dates from it (a
+/// pattern alone allows November 31, which the filter refuses as no date).
+fn time_filter_schema() -> Value {
+    json!({"anyOf": [
+        {"type": "string", "format": "date-time", "pattern": timestamp_pattern(9999)},
+        {"type": "string", "pattern": duration_pattern(MAX_AGO)}
+    ]})
 }
 
 /// The pattern of the timestamps [`timestamp_shape_ok`] accepts, with a year at most `max_year`.
@@ -628,10 +639,14 @@ fn patch(cfg: &Config, v: &mut Value) {
             json!({"type": ["string", "null"], "enum": [class_enum[0], class_enum[1], class_enum[2], null],
                    "description": desc(p)})
         });
-        let time_filter = time_filter_pattern();
         for field in ["since", "until", "finished_since", "finished_until"] {
             set_prop(schemas, "TaskFilter", field, |p| {
-                nullable_pattern(&desc(p), &time_filter)
+                let mut s = time_filter_schema();
+                if let Some(a) = s["anyOf"].as_array_mut() {
+                    a.push(json!({"type": "null"}));
+                }
+                s["description"] = desc(p);
+                s
             });
         }
         for field in ["q", "fingerprint"] {
@@ -730,9 +745,7 @@ fn patch(cfg: &Config, v: &mut Value) {
                         (
                             Some("query"),
                             "since" | "until" | "finished_since" | "finished_until",
-                        ) => {
-                            json!({"type": "string", "pattern": time_filter_pattern()})
-                        }
+                        ) => time_filter_schema(),
                         (Some("query"), "limit") => json!({"type": "integer", "minimum": 1,
                             "maximum": super::messages::MAX_PAGE}),
                         (Some("query"), "cursor") => json!({"type": "string",
