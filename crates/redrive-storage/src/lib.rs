@@ -24,6 +24,7 @@
 mod error;
 mod filter;
 mod ops;
+pub mod rules;
 mod sqlite;
 mod store;
 

@@ -27,7 +27,7 @@
 
 use super::sql_error::SqlResultExt;
 use crate::StoreError;
-use redrive_core::{OnDead, Ordering, QueueCatalog, QueueSettings, State};
+use redrive_core::{QueueCatalog, State};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -37,36 +37,8 @@ pub const HEAD: i64 = 0;
 /// `key_order` of a message that takes part in its key's order but waits.
 pub const BLOCKED: i64 = 1;
 
-/// How a queue orders the messages of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// No per-key ordering: `key_order` is NULL everywhere.
-    Unordered,
-    /// `ordering = "key"`, `on_dead = "skip"`: dead messages release their key.
-    Skip,
-    /// `ordering = "key"`, `on_dead = "block"`: dead messages keep their key blocked.
-    Block,
-}
-
-impl Mode {
-    pub fn of(settings: &QueueSettings) -> Self {
-        match (settings.ordering, settings.on_dead) {
-            (Ordering::None, _) => Mode::Unordered,
-            (Ordering::Key, OnDead::Skip) => Mode::Skip,
-            (Ordering::Key, OnDead::Block) => Mode::Block,
-        }
-    }
-
-    /// Does a keyed message in `state` take part in its key's order (block later ones)?
-    pub fn takes_part(self, state: State) -> bool {
-        match self {
-            Mode::Unordered => false,
-            Mode::Skip => matches!(state, State::Scheduled | State::Ready | State::Leased),
-            Mode::Block => state != State::Done,
-        }
-    }
-}
+/// How a queue orders the messages of a key: the rule is `crate::rules`'.
+pub use crate::rules::KeyMode as Mode;
 
 /// The `key_order` a new message is inserted with: NULL when it takes no part,
 /// [`BLOCKED`] otherwise ([`settle`] then makes it the head if it is one).
@@ -275,7 +247,7 @@ mod tests {
     use super::super::{open_connection, schema, Durability, SqliteOptions};
     use super::*;
     use crate::{LeaseRef, LeaseRequest};
-    use redrive_core::{NewMessage, Timestamp};
+    use redrive_core::{NewMessage, Ordering, QueueSettings, Timestamp};
     use rusqlite::StatementStatus;
     use std::sync::{Arc, Mutex};
 

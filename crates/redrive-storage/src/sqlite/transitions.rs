@@ -12,14 +12,14 @@ use super::promotion::{self, DueQueues};
 use super::row::Row;
 use super::schema::columns;
 use super::sql_error::SqlResultExt;
+use crate::rules::{self, AttemptEnd, FailedAttempt, LeaseEnd, Lifecycle};
 use crate::{
     Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    Release, ReleaseBy, Released, Returned, Settled, StoreError, TickOutcome,
+    Release, Released, Returned, Settled, StoreError, TickOutcome,
 };
 use redrive_core::{
-    fnv1a, AttemptResponse, DeadReason, Decision, Failure, FailureContext, HistoryEntry,
-    HistoryEvent, LastError, Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State,
-    Timestamp, Waited,
+    fnv1a, AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage,
+    QueueCatalog, SplitMix64, State, Timestamp, Waited,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ impl LeasedRow {
     pub fn into_leased(self) -> Result<Leased, StoreError> {
         Ok(Leased {
             message: self.row.to_message(None)?,
-            attempt: self.row.attempts,
+            attempt: self.row.life.attempts,
             max_attempts: self.max_attempts,
             token: self.row.lease_token.unwrap_or_default(),
             expires_at: self.expires_at,
@@ -91,56 +91,6 @@ impl ReleasedRow {
             ReleasedRow::Uncharged(row) => Released::Uncharged(row.to_message(None)?),
             ReleasedRow::Charged(f) => Released::Charged(f.into_outcome()?),
         })
-    }
-}
-
-/// How a lease ends, as `messages.lease_end` stores it (schema v7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LeaseEnd {
-    /// Settled before it could expire.
-    Settled(Settled),
-    /// Expired (the reaper failed the attempt).
-    Expired,
-}
-
-impl LeaseEnd {
-    fn as_str(self) -> &'static str {
-        match self {
-            LeaseEnd::Settled(s) => s.as_str(),
-            LeaseEnd::Expired => "expired",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "expired" => Some(LeaseEnd::Expired),
-            other => Settled::parse(other).map(LeaseEnd::Settled),
-        }
-    }
-
-    /// The error for a call with the token of a lease that ended this way.
-    fn error(self) -> StoreError {
-        match self {
-            LeaseEnd::Settled(s) => StoreError::LeaseSettled(s),
-            LeaseEnd::Expired => StoreError::LeaseExpired,
-        }
-    }
-}
-
-/// What a failed attempt also records: how its lease ended (when it was leased), and a
-/// time before which its retry may not fall (a charged release's own `delay`).
-#[derive(Debug, Clone, Copy, Default)]
-struct AttemptEnd {
-    lease_end: Option<LeaseEnd>,
-    not_before: Option<Timestamp>,
-}
-
-impl AttemptEnd {
-    fn lease(end: LeaseEnd) -> Self {
-        Self {
-            lease_end: Some(end),
-            not_before: None,
-        }
     }
 }
 
@@ -314,6 +264,15 @@ impl WriterState {
         }
     }
 
+    /// A scheduled message wakes the scheduler at its due time.
+    fn wake_if_scheduled(&mut self, life: &Lifecycle) {
+        if life.state == State::Scheduled {
+            if let Some(d) = life.due_at {
+                self.wake_at(d.as_millis());
+            }
+        }
+    }
+
     fn wake_at(&mut self, at: i64) {
         self.job_wake = Some(self.job_wake.map_or(at, |w| w.min(at)));
     }
@@ -438,18 +397,11 @@ impl WriterState {
                 }
             }
             let id = MessageId::new();
-            let due = item.deliver_at.unwrap_or(now).max(now);
             let mut row = Row {
                 seq: 0,
                 id: id.to_string(),
                 queue: item.queue.clone(),
-                state: if due > now {
-                    State::Scheduled
-                } else {
-                    State::Ready
-                },
                 priority: item.priority,
-                due_at: Some(due.as_millis()),
                 key: item.key.clone(),
                 idempotency_key: item.idempotency_key.clone(),
                 payload,
@@ -458,30 +410,27 @@ impl WriterState {
                 } else {
                     Some(serde_json::to_string(&item.headers)?)
                 },
-                attempts: 0,
-                budget_base: 0,
-                uncounted: 0,
-                prev_delay_ms: None,
-                created_at: now.as_millis(),
-                updated_at: now.as_millis(),
                 lease_token: None,
-                leased_at: None,
-                lease_expires_at: None,
-                finished_at: None,
-                dead_reason: None,
                 last_error: None,
-                window_start: None,
                 target_url: item.target_url.clone(),
-                lease_end: None,
-                released: 0,
+                life: Lifecycle::published(item.deliver_at, now),
             };
             let mut history = Vec::new();
             let mut failure_outcome = None;
             if let Some(failure) = &item.failed {
-                row.attempts = item.attempts_before.saturating_add(1);
-                let (entry, class) = self.decide_into(&mut row, failure, None, now)?;
-                history.push(entry);
-                failure_outcome = Some(class);
+                row.life.attempts = item.attempts_before.saturating_add(1);
+                let policy = &self.catalog.get(&row.queue).retry;
+                let failed = rules::fail(
+                    &mut row.life,
+                    policy,
+                    failure,
+                    AttemptEnd::default(),
+                    now,
+                    &mut self.rng,
+                );
+                row.last_error = Some(serde_json::to_string(&failed.last_error)?);
+                history.push(failed.entry);
+                failure_outcome = Some((failed.class, failed.retry_delay_ms));
             }
             let history_json = serde_json::to_string(&history)?;
             row.seq = self.insert(
@@ -503,12 +452,8 @@ impl WriterState {
                         now.plus_ms(self.idempotency_window_ms).as_millis()
                     ]).db()?;
             }
-            self.moved(&row.queue, None, Some(row.state));
-            if row.state == State::Scheduled {
-                if let Some(d) = row.due_at {
-                    self.wake_at(d);
-                }
-            }
+            self.moved(&row.queue, None, Some(row.life.state));
+            self.wake_if_scheduled(&row.life);
             let message =
                 row.to_message_with(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
             let failure = match failure_outcome {
@@ -538,7 +483,7 @@ impl WriterState {
         let order = key_order::initial(
             Mode::of(self.catalog.get(&row.queue)),
             row.key.as_deref(),
-            row.state,
+            row.life.state,
         );
         self.conn
             .prepare_cached(
@@ -550,19 +495,19 @@ impl WriterState {
             .execute(params![
                 row.id,
                 row.queue,
-                row.state.code(),
+                row.life.state.code(),
                 row.priority,
-                row.due_at,
+                ms(row.life.due_at),
                 row.key,
                 row.idempotency_key,
                 row.payload,
                 row.headers,
-                row.attempts,
-                row.uncounted,
-                row.prev_delay_ms,
-                row.created_at,
-                row.finished_at,
-                row.dead_reason,
+                row.life.attempts,
+                row.life.uncounted,
+                delay_ms(row.life.prev_delay_ms),
+                row.life.created_at.as_millis(),
+                ms(row.life.finished_at),
+                row.life.dead_reason.map(|r| r.as_str()),
                 error_class,
                 row.last_error,
                 history,
@@ -572,84 +517,7 @@ impl WriterState {
         Ok(self.conn.last_insert_rowid())
     }
 
-    /// Apply the policy's decision for `failure` to `row` in memory; return the history
-    /// entry and (class, chosen delay).
-    ///
-    /// With `not_before`, a retry is due no earlier than it (a charged release's `delay`),
-    /// and dead of `max_age` when that falls past the window.
-    fn decide_into(
-        &mut self,
-        row: &mut Row,
-        failure: &Failure,
-        not_before: Option<Timestamp>,
-        now: Timestamp,
-    ) -> Result<(HistoryEntry, (redrive_core::ErrorClass, Option<u64>)), StoreError> {
-        let settings = self.catalog.get(&row.queue);
-        let ctx = FailureContext {
-            counted_attempts: row.counted_attempts().max(1),
-            window_start: Timestamp::from_millis(row.window_start()),
-            now,
-            prev_delay_ms: row.prev_delay_ms.map(|d| d.max(0) as u64),
-            uncharged_rate_limited: row.uncounted,
-        };
-        let mut decision = settings.retry.decide(&ctx, failure, &mut self.rng);
-        if let Some(later) = not_before {
-            decision = settings.retry.not_before(decision, &ctx, later);
-        }
-        let error = LastError {
-            class: failure.class,
-            message: failure.message.clone(),
-            code: failure.code.clone(),
-            at: now,
-        };
-        row.last_error = Some(serde_json::to_string(&error)?);
-        row.updated_at = now.as_millis();
-        let mut event_retry_at = None;
-        let mut event_delay = None;
-        let mut event_dead = None;
-        match decision {
-            Decision::Retry {
-                delay_ms,
-                due_at,
-                counted,
-            } => {
-                row.state = if due_at > now {
-                    State::Scheduled
-                } else {
-                    State::Ready
-                };
-                row.due_at = Some(due_at.as_millis());
-                row.prev_delay_ms = Some(delay_ms.min(i64::MAX as u64) as i64);
-                if !counted {
-                    row.uncounted += 1;
-                }
-                event_retry_at = Some(due_at);
-                event_delay = Some(delay_ms);
-            }
-            Decision::Dead { reason } => {
-                row.state = State::Dead;
-                row.finished_at = Some(now.as_millis());
-                row.dead_reason = Some(reason.as_str().to_owned());
-                event_dead = Some(reason);
-            }
-        }
-        let entry = HistoryEntry {
-            attempt: row.attempts,
-            at: now,
-            leased_at: row.leased_at.map(Timestamp::from_millis),
-            event: HistoryEvent::Failed {
-                error,
-                retry_after_ms: failure.retry_after_ms,
-                retry_at: event_retry_at,
-                delay_ms: event_delay,
-                dead_reason: event_dead,
-            },
-            response: None,
-        };
-        Ok((entry, (failure.class, event_delay)))
-    }
-
-    /// A failed attempt of a leased (or just-published) row: decide and write.
+    /// A failed attempt of a leased (or returned) row: the rules decide, this writes.
     fn fail_attempt(
         &mut self,
         mut row: Row,
@@ -658,13 +526,29 @@ impl WriterState {
         end: AttemptEnd,
         now: Timestamp,
     ) -> Result<FailedRow, StoreError> {
-        let from = row.state;
-        let (mut entry, (class, delay)) =
-            self.decide_into(&mut row, failure, end.not_before, now)?;
+        let from = row.life.state;
+        let policy = &self.catalog.get(&row.queue).retry;
+        let failed = rules::fail(&mut row.life, policy, failure, end, now, &mut self.rng);
+        self.write_failed(row, from, failed, response)
+    }
+
+    /// Write a failed attempt the rules applied to `row` (it was in state `from`).
+    fn write_failed(
+        &mut self,
+        mut row: Row,
+        from: State,
+        failed: FailedAttempt,
+        response: Option<&AttemptResponse>,
+    ) -> Result<FailedRow, StoreError> {
+        let FailedAttempt {
+            mut entry,
+            last_error,
+            class,
+            retry_delay_ms,
+        } = failed;
         entry.response = response.cloned();
-        if let Some(e) = end.lease_end {
-            row.lease_end = Some(e.as_str().to_owned());
-        }
+        row.last_error = Some(serde_json::to_string(&last_error)?);
+        let life = &row.life;
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
@@ -673,29 +557,25 @@ impl WriterState {
             ).db()?
             .execute(params![
                 row.seq,
-                row.state.code(),
-                row.due_at,
-                row.prev_delay_ms,
-                row.uncounted,
-                row.updated_at,
-                row.finished_at,
-                row.dead_reason,
-                failure.class.as_str(),
+                life.state.code(),
+                ms(life.due_at),
+                delay_ms(life.prev_delay_ms),
+                life.uncounted,
+                life.updated_at.as_millis(),
+                ms(life.finished_at),
+                life.dead_reason.map(|r| r.as_str()),
+                class.as_str(),
                 row.last_error,
                 serde_json::to_string(&entry)?,
-                row.lease_end,
+                life.lease_end.map(LeaseEnd::as_str),
             ]).db()?;
-        self.moved(&row.queue, Some(from), Some(row.state));
+        self.moved(&row.queue, Some(from), Some(row.life.state));
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
-        if row.state == State::Scheduled {
-            if let Some(d) = row.due_at {
-                self.wake_at(d);
-            }
-        }
+        self.wake_if_scheduled(&row.life);
         Ok(FailedRow {
             row,
             class,
-            retry_delay_ms: delay,
+            retry_delay_ms,
         })
     }
 
@@ -710,7 +590,6 @@ impl WriterState {
             _ => req.max.max(1),
         };
         let expires = now.plus_ms(req.lease_ms);
-        let policy_max = self.catalog.get(&req.queue).retry.max_attempts;
         let nonce = format!("{:016x}", self.rng.next_u64() ^ self.epoch);
         let mut rows: Vec<Row> = self
             .conn
@@ -727,18 +606,16 @@ impl WriterState {
         rows.sort_by(|a, b| {
             b.priority
                 .cmp(&a.priority)
-                .then(a.due_at.cmp(&b.due_at))
+                .then(a.life.due_at.cmp(&b.life.due_at))
                 .then(a.seq.cmp(&b.seq))
         });
+        let catalog = Arc::clone(&self.catalog);
+        let policy = &catalog.get(&req.queue).retry;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let lateness_ms = now.as_millis() - row.due_at.unwrap_or(now.as_millis());
+            let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
             self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
-            // The attempt number of the last try: this one plus what is left of the budget
-            // (a redrive's fresh budget and uncharged attempts move it past the policy's).
-            let max_attempts = row
-                .attempts
-                .saturating_add(policy_max.saturating_sub(row.counted_attempts()));
+            let max_attempts = row.life.max_attempts(policy);
             out.push(LeasedRow {
                 row,
                 expires_at: expires,
@@ -787,62 +664,13 @@ impl WriterState {
         Ok(row)
     }
 
-    /// Is `token` the live lease of `row` at `now`? If not, why: another token
-    /// (`LeaseMismatch`), or how this token's lease ended (`LeaseSettled`, `LeaseExpired`).
+    /// [`rules::check_lease`]: the history is read only for a row from before schema v7
+    /// whose lease ended (it has no `lease_end`), so it costs nothing on the way of a live
+    /// lease.
     fn check_lease(&self, row: &Row, token: &str, now: Timestamp) -> Result<(), StoreError> {
-        if row.lease_token.as_deref() != Some(token) {
-            return Err(StoreError::LeaseMismatch);
-        }
-        if row.state == State::Leased {
-            if row.lease_expires_at.is_none_or(|e| e <= now.as_millis()) {
-                return Err(StoreError::LeaseExpired); // not reaped yet
-            }
-            return Ok(());
-        }
-        let end = match row.lease_end.as_deref() {
-            Some(e) => LeaseEnd::parse(e).ok_or_else(|| {
-                StoreError::Backend(format!("messages.lease_end {e:?} is not a known lease end"))
-            })?,
-            None => self.legacy_lease_end(row)?,
-        };
-        Err(end.error())
-    }
-
-    /// How the last lease of a row from before schema v7 ended (its `lease_end` is NULL),
-    /// told from the row and its history: done → acked; the attempt taken back → released;
-    /// else the history's entry for that attempt (a failure coded `lease_expired` →
-    /// expired, another failure → nacked, a kill → killed). Only read for a late call's
-    /// error, so it costs nothing on the way of a live lease.
-    fn legacy_lease_end(&self, row: &Row) -> Result<LeaseEnd, StoreError> {
-        if row.state == State::Done {
-            return Ok(LeaseEnd::Settled(Settled::Acked));
-        }
-        let token_attempt = row
-            .lease_token
-            .as_deref()
-            .and_then(|t| t.split_once('-'))
-            .and_then(|(n, _)| n.parse::<u32>().ok());
-        if token_attempt.is_some_and(|n| n > row.attempts) {
-            return Ok(LeaseEnd::Settled(Settled::Released));
-        }
-        let end = self
-            .history(row.seq)?
-            .iter()
-            .rev()
-            .filter(|h| h.attempt == row.attempts)
-            .find_map(|h| match &h.event {
-                HistoryEvent::Failed { error, .. }
-                    if error.code.as_deref() == Some("lease_expired") =>
-                {
-                    Some(LeaseEnd::Expired)
-                }
-                HistoryEvent::Failed { .. } => Some(LeaseEnd::Settled(Settled::Nacked)),
-                HistoryEvent::Killed { .. } => Some(LeaseEnd::Settled(Settled::Killed)),
-                HistoryEvent::Acked => Some(LeaseEnd::Settled(Settled::Acked)),
-                _ => None,
-            });
-        // Nothing says otherwise: what every late call was told before v7.
-        Ok(end.unwrap_or(LeaseEnd::Expired))
+        rules::check_lease(&row.life, row.lease_token.as_deref(), token, now, || {
+            self.history(row.seq)
+        })
     }
 
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
@@ -900,7 +728,8 @@ impl WriterState {
         // Not the live lease: a retried ack of a done message, or an error to name. The fast
         // path's WHERE is exactly `check_lease`, so this never acks anything itself.
         let row = self.row_by_id(&lease.id)?;
-        if row.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
+        if row.life.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str())
+        {
             return Ok(AckedRow {
                 row,
                 repeated: true, // a retried ack
@@ -915,7 +744,7 @@ impl WriterState {
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
         let row = self.leased_row(&nack.lease, now)?;
-        self.note_waits(row.seq, row.attempts, &nack.waited, now)?;
+        self.note_waits(row.seq, row.life.attempts, &nack.waited, now)?;
         let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
         self.fail_attempt(row, &nack.failure, nack.response.as_ref(), end, now)
     }
@@ -928,12 +757,12 @@ impl WriterState {
         now: Timestamp,
     ) -> Result<Option<FailedRow>, StoreError> {
         let mut row = self.row_by_id(&ret.id)?;
-        if !matches!(row.state, State::Done | State::Leased) || row.attempts != ret.attempt {
+        if !rules::returned_applies(&row.life, ret.attempt) {
             return Ok(None);
         }
         // Back from done: it is not finished any more (dead sets it again). A leased one's
         // lease ends here, failed; a done one's was acked and stays so.
-        let end = match row.state {
+        let end = match row.life.state {
             State::Leased => {
                 // The copy came back before the bridge settled its lease (the broker's
                 // confirm and the consumer's reject raced the ack): that the copy exists
@@ -942,9 +771,9 @@ impl WriterState {
                 self.append_history(
                     row.seq,
                     &HistoryEntry {
-                        attempt: row.attempts,
+                        attempt: row.life.attempts,
                         at: now,
-                        leased_at: row.leased_at.map(Timestamp::from_millis),
+                        leased_at: row.life.leased_at,
                         event: HistoryEvent::Republished,
                         response: None,
                     },
@@ -953,7 +782,7 @@ impl WriterState {
             }
             _ => AttemptEnd::default(),
         };
-        row.finished_at = None;
+        row.life.finished_at = None;
         self.fail_attempt(row, &ret.failure, None, end, now)
             .map(Some)
     }
@@ -969,57 +798,37 @@ impl WriterState {
     ) -> Result<ReleasedRow, StoreError> {
         let mut row = self.leased_row(&release.lease, now)?;
         // The attempt it waits to make is the one this lease counted (taken back below).
-        self.note_waits(row.seq, row.attempts, &release.waited, now)?;
-        let ended = LeaseEnd::Settled(Settled::Released);
-        if release.by == ReleaseBy::Consumer {
-            let bound = self.catalog.get(&row.queue).retry.max_rate_limited;
-            if row.released >= bound {
-                let failure = Failure::released_past_bound(bound);
-                let end = AttemptEnd {
-                    lease_end: Some(ended),
-                    not_before: Some(release.until),
-                };
-                return self
-                    .fail_attempt(row, &failure, None, end, now)
-                    .map(ReleasedRow::Charged);
-            }
-            row.released += 1;
-        }
-        let from = row.state;
-        if release.until > now {
-            row.state = State::Scheduled;
-            row.due_at = Some(release.until.as_millis());
-        } else {
-            row.state = State::Ready;
-        }
-        row.attempts = row.attempts.saturating_sub(1);
-        row.updated_at = now.as_millis();
-        row.lease_end = Some(ended.as_str().to_owned());
-        self.conn
-            .prepare_cached(
-                "UPDATE messages SET state = ?2, due_at = ?3, attempts = ?4, updated_at = ?5, \
-                 lease_expires_at = NULL, lease_end = ?6, released = ?7 WHERE seq = ?1",
-            )
-            .db()?
-            .execute(params![
-                row.seq,
-                row.state.code(),
-                row.due_at,
-                row.attempts,
-                row.updated_at,
-                row.lease_end,
-                row.released,
-            ])
-            .db()?;
-        row.lease_expires_at = None;
-        self.moved(&row.queue, Some(from), Some(row.state));
-        self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
-        if row.state == State::Scheduled {
-            if let Some(d) = row.due_at {
-                self.wake_at(d);
+        self.note_waits(row.seq, row.life.attempts, &release.waited, now)?;
+        let from = row.life.state;
+        let policy = &self.catalog.get(&row.queue).retry;
+        match rules::release(&mut row.life, policy, release, now, &mut self.rng) {
+            Some(failed) => self
+                .write_failed(row, from, failed, None)
+                .map(ReleasedRow::Charged),
+            None => {
+                let life = &row.life;
+                self.conn
+                    .prepare_cached(
+                        "UPDATE messages SET state = ?2, due_at = ?3, attempts = ?4, updated_at = ?5, \
+                         lease_expires_at = NULL, lease_end = ?6, released = ?7 WHERE seq = ?1",
+                    )
+                    .db()?
+                    .execute(params![
+                        row.seq,
+                        life.state.code(),
+                        ms(life.due_at),
+                        life.attempts,
+                        life.updated_at.as_millis(),
+                        life.lease_end.map(LeaseEnd::as_str),
+                        life.released,
+                    ])
+                    .db()?;
+                self.moved(&row.queue, Some(from), Some(row.life.state));
+                self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
+                self.wake_if_scheduled(&row.life);
+                Ok(ReleasedRow::Uncharged(row))
             }
         }
-        Ok(ReleasedRow::Uncharged(row))
     }
 
     pub fn extend(
@@ -1028,17 +837,16 @@ impl WriterState {
         by_ms: u64,
         now: Timestamp,
     ) -> Result<Timestamp, StoreError> {
-        let row = self.leased_row(lease, now)?;
-        let current = row.lease_expires_at.unwrap_or(now.as_millis());
-        let new = now.plus_ms(by_ms).as_millis().max(current);
+        let mut row = self.leased_row(lease, now)?;
+        let new = rules::extend(&mut row.life, by_ms, now);
         self.conn
             .prepare_cached(
                 "UPDATE messages SET lease_expires_at = ?2, updated_at = ?3 WHERE seq = ?1",
             )
             .db()?
-            .execute(params![row.seq, new, now.as_millis()])
+            .execute(params![row.seq, new.as_millis(), now.as_millis()])
             .db()?;
-        Ok(Timestamp::from_millis(new))
+        Ok(new)
     }
 
     /// Redrive `id`; with `payload`, replace its payload first (an operator's edit); `task`
@@ -1050,20 +858,29 @@ impl WriterState {
         task: Option<&str>,
         now: Timestamp,
     ) -> Result<Message, StoreError> {
-        let row = self.row_by_id(id)?;
-        if !matches!(row.state, State::Dead | State::Scheduled) {
-            return Err(StoreError::InvalidState {
-                state: row.state,
-                action: "redrive",
-                allowed: "dead or scheduled",
-            });
-        }
+        let mut row = self.row_by_id(id)?;
+        let from = row.life.state;
+        let entry = rules::redrive(&mut row.life, payload.is_some(), task, now)?;
+        let life = &row.life;
         self.conn
             .prepare_cached(
-                "UPDATE messages SET state = 1, due_at = ?2, updated_at = ?2, budget_base = attempts, uncounted = 0, released = 0, \
-                 prev_delay_ms = NULL, finished_at = NULL, dead_reason = NULL, window_start = ?2 WHERE seq = ?1",
+                "UPDATE messages SET state = ?2, due_at = ?3, updated_at = ?4, budget_base = ?5, uncounted = ?6, \
+                 released = ?7, prev_delay_ms = ?8, finished_at = ?9, dead_reason = ?10, window_start = ?11 \
+                 WHERE seq = ?1",
             ).db()?
-            .execute(params![row.seq, now.as_millis()]).db()?;
+            .execute(params![
+                row.seq,
+                life.state.code(),
+                ms(life.due_at),
+                life.updated_at.as_millis(),
+                life.budget_base,
+                life.uncounted,
+                life.released,
+                delay_ms(life.prev_delay_ms),
+                ms(life.finished_at),
+                life.dead_reason.map(|r| r.as_str()),
+                ms(life.window_start),
+            ]).db()?;
         if let Some(payload) = payload {
             self.conn
                 .prepare_cached("UPDATE messages SET payload = ?2 WHERE seq = ?1")
@@ -1071,18 +888,8 @@ impl WriterState {
                 .execute(params![row.seq, serde_json::to_string(payload)?])
                 .db()?;
         }
-        let entry = HistoryEntry {
-            attempt: row.attempts,
-            at: now,
-            leased_at: None,
-            event: HistoryEvent::Redriven {
-                edited: payload.is_some(),
-                task: task.map(str::to_owned),
-            },
-            response: None,
-        };
         self.append_history(row.seq, &entry)?;
-        self.moved(&row.queue, Some(row.state), Some(State::Ready));
+        self.moved(&row.queue, Some(from), Some(row.life.state));
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.full_message(row.seq)
     }
@@ -1093,29 +900,25 @@ impl WriterState {
         reason: Option<String>,
         now: Timestamp,
     ) -> Result<Message, StoreError> {
-        let row = self.row_by_id(id)?;
-        if row.state.is_final() {
-            return Err(StoreError::InvalidState {
-                state: row.state,
-                action: "kill",
-                allowed: "scheduled, ready or leased",
-            });
-        }
+        let mut row = self.row_by_id(id)?;
+        let from = row.life.state;
+        let entry = rules::kill(&mut row.life, reason, now)?;
+        let life = &row.life;
         self.conn
             .prepare_cached(
-                "UPDATE messages SET state = 4, finished_at = ?2, updated_at = ?2, dead_reason = ?3, \
-                 lease_end = CASE WHEN state = 2 THEN 'killed' ELSE lease_end END WHERE seq = ?1",
+                "UPDATE messages SET state = ?2, finished_at = ?3, updated_at = ?4, dead_reason = ?5, \
+                 lease_end = ?6 WHERE seq = ?1",
             ).db()?
-            .execute(params![row.seq, now.as_millis(), DeadReason::Killed.as_str()]).db()?;
-        let entry = HistoryEntry {
-            attempt: row.attempts,
-            at: now,
-            leased_at: None,
-            event: HistoryEvent::Killed { reason },
-            response: None,
-        };
+            .execute(params![
+                row.seq,
+                life.state.code(),
+                ms(life.finished_at),
+                life.updated_at.as_millis(),
+                life.dead_reason.map(|r| r.as_str()),
+                life.lease_end.map(LeaseEnd::as_str),
+            ]).db()?;
         self.append_history(row.seq, &entry)?;
-        self.moved(&row.queue, Some(row.state), Some(State::Dead));
+        self.moved(&row.queue, Some(from), Some(row.life.state));
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.full_message(row.seq)
     }
@@ -1137,7 +940,7 @@ impl WriterState {
                 .execute(params![row.queue, ikey, row.id])
                 .db()?;
         }
-        self.moved(&row.queue, Some(row.state), None);
+        self.moved(&row.queue, Some(row.life.state), None);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         Ok(message)
     }
@@ -1305,6 +1108,16 @@ impl WriterState {
             more,
         })
     }
+}
+
+/// A time column's value.
+fn ms(t: Option<Timestamp>) -> Option<i64> {
+    t.map(Timestamp::as_millis)
+}
+
+/// `prev_delay_ms`'s value.
+fn delay_ms(d: Option<u64>) -> Option<i64> {
+    d.map(|d| d.min(i64::MAX as u64) as i64)
 }
 
 /// The lease statement for a queue ordered by `mode`.
