@@ -11,7 +11,7 @@ use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::{
     DurationMs, OnDead, Ordering, PolicyError, QueueCatalog, QueueSettings, RetryPolicyConfig,
 };
-use redrive_storage::Durability;
+use redrive_store_sqlite::Durability;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -435,7 +435,7 @@ impl Default for Config {
             done_retention: DurationMs(24 * 3_600_000),
             purge_interval: DurationMs(60_000),
             shutdown_grace: DurationMs(10_000),
-            max_wal_bytes: redrive_storage::DEFAULT_MAX_WAL_BYTES,
+            max_wal_bytes: redrive_store_sqlite::DEFAULT_MAX_WAL_BYTES,
             log: "info".to_owned(),
             queues: BTreeMap::new(),
             push: PushServerConfig::default(),
@@ -654,7 +654,7 @@ impl Config {
         if self.max_lease.ms() == 0 {
             return val("max_lease", "must be greater than 0s");
         }
-        if self.max_wal_bytes < redrive_storage::MIN_MAX_WAL_BYTES {
+        if self.max_wal_bytes < redrive_store_sqlite::MIN_MAX_WAL_BYTES {
             return val("max_wal_bytes", "must be at least 1048576 (1 MiB)");
         }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {

@@ -13,11 +13,11 @@ pub mod api;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod storage;
 pub mod ui;
 
 pub use config::{Config, ConfigError, Overrides};
 
-use redrive_storage::{SqliteOptions, SqliteStore, Store};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -69,6 +69,14 @@ pub fn open_with_clock(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
+    open_engine(config, clock).map(|(engine, metrics, _)| (engine, metrics))
+}
+
+/// [`open_with_clock`], also naming the store's backend (for the start-up line).
+fn open_engine(
+    config: &Config,
+    clock: Arc<dyn engine::Clock>,
+) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>, &'static str), ServerError> {
     if !config.listens_on_loopback()
         && !config.has_tokens()
         && !config.dangerous_allow_unauthenticated_public_listen
@@ -76,25 +84,12 @@ pub fn open_with_clock(
         return Err(ServerError::PublicWithoutToken(config.listen));
     }
     let metrics = Arc::new(metrics::Metrics::new());
-    let observer_metrics = metrics.clone();
-    let mut opts = SqliteOptions::new(&config.data_dir);
-    opts.durability = config.durability.into();
-    opts.catalog = Arc::new(config.catalog());
-    opts.idempotency_window_ms = config.idempotency_window.ms();
-    opts.max_wal_bytes = config.max_wal_bytes;
-    opts.commit_observer = Some(Arc::new(move |n, secs| {
-        observer_metrics.observe_commit(n, secs)
-    }));
-    let store = SqliteStore::open(opts).map_err(|source| ServerError::Store {
-        dir: config.data_dir.clone(),
-        source,
-    })?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let storage::OpenedStore { store, backend } = storage::open_store(config, &metrics)?;
     let engine = Arc::new(
         engine::Engine::new(store, config.engine_config(), metrics.clone(), clock)
             .map_err(|e| ServerError::Push(e.to_string()))?,
     );
-    Ok((engine, metrics))
+    Ok((engine, metrics, backend))
 }
 
 /// Run the server until SIGTERM or SIGINT, then shut down gracefully.
@@ -118,6 +113,7 @@ pub struct Server {
     metrics: Arc<metrics::Metrics>,
     listener: tokio::net::TcpListener,
     addr: std::net::SocketAddr,
+    backend: &'static str,
 }
 
 impl Server {
@@ -131,7 +127,7 @@ impl Server {
         config: Config,
         clock: Arc<dyn engine::Clock>,
     ) -> Result<Server, ServerError> {
-        let (engine, metrics) = open_with_clock(&config, clock)?;
+        let (engine, metrics, backend) = open_engine(&config, clock)?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -145,6 +141,7 @@ impl Server {
             metrics,
             listener,
             addr,
+            backend,
         })
     }
 
@@ -170,6 +167,7 @@ impl Server {
             metrics,
             listener,
             addr,
+            backend,
         } = self;
         // The start-up line (SPEC §6): where it listens, which store and where, the console,
         // and the queues the configuration names (`[queues.default]` is the settings of every
@@ -182,7 +180,7 @@ impl Server {
             .collect();
         tracing::info!(
             %addr,
-            store = %"sqlite",
+            store = %backend,
             data_dir = %config.data_dir.display(),
             durability = ?config.durability,
             console = %console_url(addr),

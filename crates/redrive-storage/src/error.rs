@@ -2,7 +2,7 @@
 //!
 //! The contract names no backend: there is no conversion from a database driver's error
 //! here. Each backend turns its own errors into [`StoreError::Backend`] privately (the
-//! SQLite backend with `sqlite::sql_error::SqlResultExt`).
+//! SQLite backend with `redrive_store_sqlite`'s `sql_error::SqlResultExt`).
 
 use redrive_core::State;
 

@@ -1,4 +1,4 @@
-//! The storage contract of redrive and its embedded backend.
+//! The storage contract of redrive. It names no backend.
 //!
 //! [`Store`] is the one contract every backend implements: it owns the message
 //! state machine's *transitions* (publish, lease, ack, nack, extend, redrive,
@@ -10,12 +10,13 @@
 //! [`redrive_core::QueueCatalog`] the store was opened with, so two racing
 //! nacks can never both schedule a retry.
 //!
-//! [`SqliteStore`] is the embedded default: SQLite in WAL mode behind one
-//! writer thread that commits many transitions per fsync (group commit), plus
-//! a small pool of read connections that never block the writer.
+//! The state machine's rules ([`rules`]: is a token the live lease, what a failure
+//! leads to, a release's take-back, a redrive's fresh budget, which message of a key may
+//! be leased) are pure and written once here; every backend calls them.
 //!
-//! The `conformance` module (feature `conformance`) is the suite every
-//! backend must pass; `tests/conformance_sqlite.rs` runs it on [`SqliteStore`].
+//! Backends are crates of their own: `redrive-store-sqlite` (the embedded default) and
+//! `redrive-store-postgres`. The `conformance` module (feature `conformance`) is the
+//! suite every backend must pass; each backend crate runs it in its own tests.
 //!
 //! Non-goals: HTTP, long polling and timers (the server's engine decides *when*
 //! to call [`Store::tick`]; the store only says when it should next be called).
@@ -25,7 +26,6 @@ mod error;
 mod filter;
 mod ops;
 pub mod rules;
-mod sqlite;
 mod store;
 
 #[cfg(feature = "conformance")]
@@ -36,10 +36,6 @@ pub use filter::{MessageFilter, Page};
 pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
     TaskTransition,
-};
-pub use sqlite::{
-    BackupError, BackupReport, Durability, SqliteOptions, SqliteStore, DEFAULT_MAX_WAL_BYTES,
-    LOCK_FILE, MIN_MAX_WAL_BYTES,
 };
 pub use store::{
     Ack, AckEvent, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack,

@@ -17,7 +17,7 @@
 //! - which message of a key may be leased ([`KeyMode`], [`key_head`]).
 //!
 //! `tests/rules_props.rs` checks them with generated inputs; the SQLite backend
-//! (`sqlite/transitions.rs`) and any other backend call them instead of restating them.
+//! (`redrive-store-sqlite`'s `transitions.rs`) and any other backend call them instead of restating them.
 
 use crate::{Release, ReleaseBy, Settled, StoreError};
 use redrive_core::{

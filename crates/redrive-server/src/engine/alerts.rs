@@ -1257,9 +1257,10 @@ mod tests {
     #[tokio::test]
     async fn a_key_reused_with_another_body_drops_that_alert_only_and_a_replay_is_not_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            redrive_storage::SqliteStore::open(redrive_storage::SqliteOptions::new(dir.path()))
-                .unwrap();
+        let store = redrive_store_sqlite::SqliteStore::open(
+            redrive_store_sqlite::SqliteOptions::new(dir.path()),
+        )
+        .unwrap();
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
         let engine = Engine::new(
             Arc::new(store),

@@ -1,7 +1,8 @@
 //! The storage conformance suite: the behaviour every [`Store`] backend must show.
 //!
-//! One suite, every backend (SPEC §7): `tests/conformance_sqlite.rs` runs it on
-//! [`crate::SqliteStore`], and a PostgreSQL backend runs the very same cases. A
+//! One suite, every backend (SPEC §7): `redrive-store-sqlite`'s
+//! `tests/conformance_sqlite.rs` runs it on the embedded store, and
+//! `redrive-store-postgres` runs the very same cases. A
 //! backend invokes [`conformance_tests!`](crate::conformance_tests) with a function
 //! that opens a *fresh, empty* store from a [`Setup`] (the queue catalog and
 //! idempotency window the cases rely on): that expands to one `#[test]` per case, in
@@ -15,9 +16,10 @@
 //! clock from [`T0`] and never sleep. The catalog's policies are deterministic
 //! (fixed 1 s backoff, no jitter, 3 attempts), so every delay is exact.
 //!
-//! ```no_run
+//! ```ignore
+//! // In a backend crate's tests (here the SQLite one's):
 //! use redrive_storage::conformance::Setup;
-//! use redrive_storage::{SqliteOptions, SqliteStore};
+//! use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 //!
 //! async fn open(setup: Setup) -> (SqliteStore, tempfile::TempDir) {
 //!     let dir = tempfile::tempdir().expect("temp dir");

@@ -1,5 +1,5 @@
 //! `redrive backup --data-dir DIR --to OUT`: a consistent copy of the embedded store, taken
-//! while a server runs on DIR (SQLite's online backup: see `redrive_storage::SqliteStore::backup`).
+//! while a server runs on DIR (SQLite's online backup: see `redrive_store_sqlite::SqliteStore::backup`).
 //! It only reads DIR and does not take its lock, so the server keeps serving; OUT must be new
 //! or an empty directory, and `redrive serve --data-dir OUT` starts on the copy.
 //!
@@ -7,7 +7,7 @@
 //! empty; 1 the copy failed (nothing that looks like a store is left in OUT).
 
 use crate::BackupArgs;
-use redrive_storage::{BackupError, SqliteStore};
+use redrive_store_sqlite::{BackupError, SqliteStore};
 
 /// Run the backup and print what it copied.
 pub fn run(args: &BackupArgs) -> anyhow::Result<()> {

@@ -5,9 +5,10 @@
 use redrive_core::{ErrorClass, Failure, MessageId, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q, SHORT_AGE, T0};
 use redrive_storage::{
-    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Release, ReleaseBy, Settled,
-    SqliteOptions, SqliteStore, Store, StoreError,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Release, ReleaseBy, Settled, Store,
+    StoreError,
 };
+use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::path::Path;
 

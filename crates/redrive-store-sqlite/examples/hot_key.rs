@@ -26,9 +26,8 @@
 //! The figures are in docs/PERFORMANCE.md ("Hot key").
 
 use redrive_core::{NewMessage, OnDead, Ordering, QueueCatalog, QueueSettings, Timestamp};
-use redrive_storage::{
-    Durability, LeaseRef, LeaseRequest, Leased, SqliteOptions, SqliteStore, Store,
-};
+use redrive_storage::{LeaseRef, LeaseRequest, Leased, Store};
+use redrive_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;

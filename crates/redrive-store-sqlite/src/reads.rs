@@ -1,12 +1,12 @@
 //! Reads: a pool of read-only connections, and the queries operators run.
 
-use super::row::Row;
-use super::schema::{columns, COLUMNS};
-use super::sql_error::SqlResultExt;
-use super::transitions::Counts;
-use super::SqliteOptions;
-use crate::{MessageFilter, Page, QueueStats, StoreError};
+use crate::row::Row;
+use crate::schema::{columns, COLUMNS};
+use crate::sql_error::SqlResultExt;
+use crate::transitions::Counts;
+use crate::SqliteOptions;
 use redrive_core::{fingerprint, DeadReason, ErrorClass, Message, MessageId, State, Timestamp};
+use redrive_storage::{MessageFilter, Page, QueueStats, StoreError};
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::Value;
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
@@ -40,7 +40,7 @@ impl ReaderPool {
         let conn = self.idle.lock().ok().and_then(|mut v| v.pop());
         let conn = match conn {
             Some(c) => c,
-            None => super::open_connection(&self.path, &self.opts, false)?,
+            None => crate::open_connection(&self.path, &self.opts, false)?,
         };
         let r = f(&conn);
         if let Ok(mut idle) = self.idle.lock() {
@@ -95,7 +95,7 @@ pub fn load_counts(conn: &Connection) -> Result<Counts, StoreError> {
     let mut rows = stmt.query([]).db()?;
     while let Some(row) = rows.next().db()? {
         let code: u8 = row.get(1).db()?;
-        let st = State::from_code(code).ok_or_else(|| super::row::unknown_state(code))?;
+        let st = State::from_code(code).ok_or_else(|| crate::row::unknown_state(code))?;
         let queue = row
             .get_ref(0)
             .db()?
@@ -134,7 +134,7 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
         .prepare_cached(sql)
         .db()?
         .query_row([id.to_string()], |r| {
-            Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+            Ok((Row::from_sql(r)?, r.get(crate::schema::HISTORY_COLUMN)?))
         })
         .optional()
         .db()?;
@@ -145,7 +145,7 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
 }
 
 /// The live idempotency keys of `queue` beginning with `prefix` (see
-/// [`crate::Store::idempotency_keys`]): a range of the primary key `(queue, ikey)`, from
+/// [`redrive_storage::Store::idempotency_keys`]): a range of the primary key `(queue, ikey)`, from
 /// `prefix` to the first string past every string it begins.
 pub fn idempotency_keys(
     conn: &Connection,

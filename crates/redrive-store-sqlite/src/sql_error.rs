@@ -1,12 +1,12 @@
 //! SQLite's errors, turned into [`StoreError`]s inside this backend only.
 //!
-//! The storage contract ([`crate::StoreError`]) names no backend, so it has no
+//! The storage contract ([`redrive_storage::StoreError`]) names no backend, so it has no
 //! `From<rusqlite::Error>`: a PostgreSQL backend must not inherit SQLite's error
 //! type through `?`. Inside this module a driver error is converted explicitly with
 //! [`SqlResultExt::db`] (`stmt.execute(..).db()?`), and always becomes
 //! [`StoreError::Backend`], which the API answers with a 500 that hides the detail.
 
-use crate::StoreError;
+use redrive_storage::StoreError;
 
 /// `.db()` on a `rusqlite::Result`: the error as a [`StoreError::Backend`].
 pub(crate) trait SqlResultExt<T> {

@@ -17,9 +17,8 @@ use redrive_core::{
     State,
 };
 use redrive_storage::conformance::{at, policy, Q};
-use redrive_storage::{
-    Durability, LeaseRef, LeaseRequest, Nack, SqliteOptions, SqliteStore, Store, StoreError,
-};
+use redrive_storage::{LeaseRef, LeaseRequest, Nack, Store, StoreError};
+use redrive_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 use rusqlite::{params, Connection, OpenFlags};
 use serde_json::json;
 use std::collections::HashMap;

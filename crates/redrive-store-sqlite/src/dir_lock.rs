@@ -1,5 +1,5 @@
 //! One store per data directory: an exclusive lock on `DATA_DIR/redrive.lock`, taken by
-//! [`super::SqliteStore::open`] before it touches the database and held until the store is
+//! [`crate::SqliteStore::open`] before it touches the database and held until the store is
 //! closed or dropped (SPEC §6).
 //!
 //! SQLite itself lets two processes write one database (it serialises them), so without
@@ -17,7 +17,7 @@
 //! Limits: the data directory must be on a local filesystem (SQLite's WAL needs one anyway);
 //! on a network filesystem the lock is only as good as its lock manager.
 
-use crate::StoreError;
+use redrive_storage::StoreError;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;

@@ -4,13 +4,13 @@
 //! batch of messages and writes the task's new cursor and counters in the same job, so
 //! they commit together or not at all.
 
-use super::sql_error::SqlResultExt;
-use super::transitions::WriterState;
-use crate::{
+use crate::sql_error::SqlResultExt;
+use crate::transitions::WriterState;
+use redrive_core::Timestamp;
+use redrive_storage::{
     AuditRecord, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
     TaskStepOutcome, TaskTransition,
 };
-use redrive_core::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
 const TASK_COLUMNS: &str = "id, action, spec, state, total, done, failed, cursor, created_by, \

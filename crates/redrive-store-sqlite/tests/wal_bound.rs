@@ -2,7 +2,8 @@
 //! stop (issue 5, defect 1: 4 GB of WAL after two minutes of steady load).
 
 use redrive_core::{NewMessage, Timestamp};
-use redrive_storage::{LeaseRef, LeaseRequest, SqliteOptions, SqliteStore, Store};
+use redrive_storage::{LeaseRef, LeaseRequest, Store};
+use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use std::time::{Duration, Instant};
 
 const LIMIT: u64 = 2 << 20;

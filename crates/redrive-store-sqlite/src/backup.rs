@@ -22,7 +22,7 @@
 //! `PRAGMA quick_check`, fsync'd, and only then renamed to `OUT/redrive.db`: a backup that
 //! fails or is interrupted never leaves something that looks like a store.
 
-use super::busy;
+use crate::busy;
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};

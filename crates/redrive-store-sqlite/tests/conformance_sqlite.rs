@@ -3,7 +3,7 @@
 //! temporary directory of its own.
 
 use redrive_storage::conformance::Setup;
-use redrive_storage::{SqliteOptions, SqliteStore};
+use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 
 /// A fresh store for one case; the directory is removed after the store is closed.
 async fn open(setup: Setup) -> (SqliteStore, tempfile::TempDir) {

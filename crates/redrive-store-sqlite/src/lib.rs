@@ -1,4 +1,8 @@
-//! The embedded backend: SQLite (WAL) behind one group-committing writer thread.
+//! redrive's embedded store: SQLite (WAL) behind one group-committing writer thread,
+//! implementing the storage contract of `redrive-storage` ([`redrive_storage::Store`]) and
+//! passing its conformance suite (`tests/conformance_sqlite.rs`). The state machine's
+//! rules are the contract crate's ([`redrive_storage::rules`]); this crate reads rows,
+//! calls them and writes what they changed (`transitions.rs`).
 //!
 //! Layout: `DATA_DIR/redrive.db` (+ `-wal`, `-shm`), and `DATA_DIR/redrive.lock`, the lock
 //! that keeps a second store out of the directory (`dir_lock`). Recovery is SQLite's own
@@ -9,6 +13,8 @@
 //! scheduled messages live on disk, and the scheduler only ever asks for the
 //! *earliest* due time (an index seek), so a million scheduled messages cost
 //! disk, not RAM.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod backup;
 mod busy;
@@ -25,14 +31,14 @@ mod schema;
 mod sql_error;
 mod transitions;
 
-use crate::store::CommitStats;
-use crate::{
+use group_commit::{Command, Job, Shared};
+use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
+use redrive_storage::CommitStats;
+use redrive_storage::{
     Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
     NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Released, Returned, Store,
     StoreError, TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
-use group_commit::{Command, Job, Shared};
-use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
 use rusqlite::{Connection, OpenFlags};
 use sql_error::SqlResultExt;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! queued behind it (up to [`MAX_COMMIT_BATCH`] jobs or [`MAX_COMMIT_CHANGES`]
 //! transitions), runs them all in one SQLite transaction — each inside its own savepoint, so a job that fails leaves no
 //! trace while the others still commit — and commits once. Only after that
-//! commit returns (and, under [`super::Durability::Fsync`], the WAL is fsync'd)
+//! commit returns (and, under [`crate::Durability::Fsync`], the WAL is fsync'd)
 //! does any job's caller get its answer: many concurrent requests share one
 //! fsync, and none is acknowledged before it is on disk.
 //!
@@ -13,9 +13,9 @@
 //! with [`StoreError::Poisoned`]. Retrying an fsync that failed is not safe
 //! (the kernel may have dropped the dirty pages), so the store never pretends.
 
-use super::transitions::WriterState;
-use crate::{CommitStats, StoreError};
+use crate::transitions::WriterState;
 use redrive_core::Timestamp;
+use redrive_storage::{CommitStats, StoreError};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -243,7 +243,7 @@ fn commit_batch(
 /// leaves the file past [`Shared::wal_restart_bytes`], the writer itself — the only writer, so
 /// nothing can append meanwhile — runs a `RESTART` checkpoint: it copies the frames the
 /// background checkpointer has not copied yet, fsyncs the database file, and waits (at most
-/// 50 ms, [`super::busy::wait_50ms`]: short, since every queued request waits with the writer) for readers to leave the log. The next commit then writes from the
+/// 50 ms, [`crate::busy::wait_50ms`]: short, since every queued request waits with the writer) for readers to leave the log. The next commit then writes from the
 /// start of the file, and SQLite truncates the file back to `journal_size_limit` (the same
 /// size). Readers that hold the log longer make the rewind give up; the next commit tries
 /// again.
@@ -258,9 +258,9 @@ fn bound_log(state: &mut WriterState, shared: &Shared) {
     let conn = &state.conn;
     let started = Instant::now();
     let _turn = shared.checkpoint_lock.lock();
-    let _ = conn.busy_handler(Some(super::busy::wait_50ms));
+    let _ = conn.busy_handler(Some(crate::busy::wait_50ms));
     let result = wal_checkpoint(conn, "RESTART").map(|c| c.busy);
-    let _ = conn.busy_handler(Some(super::busy::wait_5s));
+    let _ = conn.busy_handler(Some(crate::busy::wait_5s));
     shared.add_rewind_seconds(started.elapsed().as_secs_f64());
     match result {
         Ok(0) => shared.set_log_bytes(shared.wal_file_bytes(), true),

@@ -16,8 +16,8 @@
 //! the next publish with it creates a new message (a documented decision: delete means
 //! "as if it had never been published").
 
-use crate::StoreError;
 use redrive_core::{Message, MessageId, NewMessage, State, Timestamp};
+use redrive_storage::StoreError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

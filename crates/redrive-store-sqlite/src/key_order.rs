@@ -25,9 +25,9 @@
 //! - [`reconcile`] at open, when a queue's `ordering` or `on_dead` changed since the
 //!   rows were written (or the store predates the column).
 
-use super::sql_error::SqlResultExt;
-use crate::StoreError;
+use crate::sql_error::SqlResultExt;
 use redrive_core::{QueueCatalog, State};
+use redrive_storage::StoreError;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -37,8 +37,8 @@ pub const HEAD: i64 = 0;
 /// `key_order` of a message that takes part in its key's order but waits.
 pub const BLOCKED: i64 = 1;
 
-/// How a queue orders the messages of a key: the rule is `crate::rules`'.
-pub use crate::rules::KeyMode as Mode;
+/// How a queue orders the messages of a key: the rule is `redrive_storage::rules`'.
+pub use redrive_storage::rules::KeyMode as Mode;
 
 /// The `key_order` a new message is inserted with: NULL when it takes no part,
 /// [`BLOCKED`] otherwise ([`settle`] then makes it the head if it is one).
@@ -243,11 +243,11 @@ fn rebuild(conn: &Connection, queue: &str, mode: Mode) -> Result<(), StoreError>
 
 #[cfg(test)]
 mod tests {
-    use super::super::transitions::{lease_sql, Counts, WriterState};
-    use super::super::{open_connection, schema, Durability, SqliteOptions};
     use super::*;
-    use crate::{LeaseRef, LeaseRequest};
+    use crate::transitions::{lease_sql, Counts, WriterState};
+    use crate::{open_connection, schema, Durability, SqliteOptions};
     use redrive_core::{NewMessage, Ordering, QueueSettings, Timestamp};
+    use redrive_storage::{LeaseRef, LeaseRequest};
     use rusqlite::StatementStatus;
     use std::sync::{Arc, Mutex};
 
@@ -287,7 +287,7 @@ mod tests {
         w.conn.execute_batch("COMMIT").expect("commit");
     }
 
-    fn lease_one(w: &mut WriterState) -> Vec<crate::Leased> {
+    fn lease_one(w: &mut WriterState) -> Vec<redrive_storage::Leased> {
         let req = LeaseRequest {
             queue: QUEUE.into(),
             max: 1,

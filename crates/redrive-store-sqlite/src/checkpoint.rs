@@ -15,8 +15,8 @@
 //! A checkpoint that fails with an I/O error poisons the store like a failed
 //! commit: the database file may not hold what the WAL says it does.
 
-use super::group_commit::{wal_checkpoint, Shared};
-use super::SqliteOptions;
+use crate::group_commit::{wal_checkpoint, Shared};
+use crate::SqliteOptions;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -68,7 +68,7 @@ impl Drop for Checkpointer {
 }
 
 fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex<bool>, Condvar)>) {
-    let conn = match super::open_connection(&path, &opts, true) {
+    let conn = match crate::open_connection(&path, &opts, true) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "checkpointer cannot open the database; WAL will grow");
@@ -77,7 +77,7 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex
     };
     // The idle truncation and the early rewind must not wait long for the write lock or for
     // readers: 100 ms, then try again later.
-    let _ = conn.busy_handler(Some(super::busy::wait_100ms));
+    let _ = conn.busy_handler(Some(crate::busy::wait_100ms));
     let mut last_commits = 0;
     let mut idle_since: Option<Instant> = None;
     let (lock, cv) = &*stop;
@@ -124,10 +124,10 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<(Mutex
                     tracing::debug!("idle: WAL truncated");
                 }
             }
-            Err(e) if super::group_commit::is_io_error(&e) => {
+            Err(e) if crate::group_commit::is_io_error(&e) => {
                 let reason = format!("WAL checkpoint failed: {e}");
                 tracing::error!(%reason, "store poisoned: refusing all writes");
-                super::group_commit::poison(&shared, &reason);
+                crate::group_commit::poison(&shared, &reason);
                 return;
             }
             Err(e) => tracing::warn!(error = %e, "WAL checkpoint did not run; will retry"),
@@ -140,11 +140,11 @@ const REWIND_TAIL_FRAMES: i64 = 256;
 
 /// Bytes of log that `frames` WAL frames hold (page and frame header).
 fn log_bytes(frames: i64) -> u64 {
-    frames.max(0) as u64 * (u64::from(super::PAGE_SIZE) + 24)
+    frames.max(0) as u64 * (u64::from(crate::PAGE_SIZE) + 24)
 }
 
 /// Rewind the log from here, right after a pass that copied it all back, once it holds half of
-/// what makes the writer rewind it ([`super::group_commit::bound_log`]): a `RESTART` checkpoint
+/// what makes the writer rewind it ([`crate::group_commit::bound_log`]): a `RESTART` checkpoint
 /// then only copies what was committed during the pass, so the writer (which a `RESTART`
 /// holds off) waits a few milliseconds instead of the whole copy. Measured on the
 /// delayed-delivery benchmark (docs/PERFORMANCE.md): the writer's own rewinds took 24 ms each

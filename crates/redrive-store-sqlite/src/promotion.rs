@@ -15,8 +15,8 @@
 //! when it is unknown). It holds one entry per queue with scheduled messages and
 //! forgets a queue when it has none left.
 
-use super::sql_error::SqlResultExt;
-use crate::StoreError;
+use crate::sql_error::SqlResultExt;
+use redrive_storage::StoreError;
 use rusqlite::{params, Connection};
 use std::collections::{BTreeSet, HashMap, HashSet};
 

@@ -8,9 +8,9 @@
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q};
 use redrive_storage::{
-    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats, SqliteOptions, SqliteStore,
-    Store, StoreError,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats, Store, StoreError,
 };
+use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::path::Path;
 
@@ -227,7 +227,7 @@ async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
     };
     match &refused {
         StoreError::DataDirLocked { lock, pid } => {
-            assert_eq!(lock, &dir.path().join(redrive_storage::LOCK_FILE));
+            assert_eq!(lock, &dir.path().join(redrive_store_sqlite::LOCK_FILE));
             assert_eq!(*pid, Some(std::process::id()));
         }
         other => panic!("refused for another reason: {other}"),

@@ -39,7 +39,7 @@
 //! rows are touched in random order (measured: 313 KB of WAL per commit with
 //! 4 KiB pages on the delayed-delivery benchmark).
 
-use super::sql_error::SqlResultExt;
+use crate::sql_error::SqlResultExt;
 use rusqlite::Connection;
 
 /// Bumped when the schema changes; a store refuses to open a newer one, and upgrades
@@ -173,7 +173,7 @@ CREATE TABLE IF NOT EXISTS audit (
 "#;
 
 /// Create the schema, or upgrade an older one, or refuse a newer one; one transaction.
-pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
+pub fn migrate(conn: &Connection) -> Result<(), redrive_storage::StoreError> {
     // The version before anything is created: `meta` is missing in a new database.
     let found: Option<String> = conn
         .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
@@ -183,12 +183,14 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     let found = match found {
         None => None,
         Some(v) => Some(v.parse::<i64>().map_err(|_| {
-            crate::StoreError::Backend(format!("data directory has a bad schema version {v:?}"))
+            redrive_storage::StoreError::Backend(format!(
+                "data directory has a bad schema version {v:?}"
+            ))
         })?),
     };
     if let Some(v) = found {
         if v > SCHEMA_VERSION {
-            return Err(crate::StoreError::Backend(format!(
+            return Err(redrive_storage::StoreError::Backend(format!(
                 "data directory has schema version {v}, this redrive knows {SCHEMA_VERSION}: upgrade redrive"
             )));
         }
@@ -220,7 +222,7 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     }
 }
 
-/// The column list every message read uses, in [`super::row::Row`] order, as a literal so
+/// The column list every message read uses, in [`crate::row::Row`] order, as a literal so
 /// that queries are `concat!`ed at compile time (no `format!` on the writer's hot path).
 macro_rules! columns {
     () => {

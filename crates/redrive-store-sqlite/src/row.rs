@@ -1,11 +1,11 @@
 //! A `messages` row and its conversion to a [`Message`].
 
-use crate::rules::{LeaseEnd, Lifecycle};
-use crate::StoreError;
 use redrive_core::{DeadReason, HistoryEntry, LastError, Message, MessageId, State, Timestamp};
+use redrive_storage::rules::{LeaseEnd, Lifecycle};
+use redrive_storage::StoreError;
 
-/// Every column but `history`, in [`super::schema::COLUMNS`] order: the message's
-/// identity and content, and its [`Lifecycle`] (what the rules of `crate::rules` read and
+/// Every column but `history`, in [`crate::schema::COLUMNS`] order: the message's
+/// identity and content, and its [`Lifecycle`] (what the rules of `redrive_storage::rules` read and
 /// change).
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -43,7 +43,7 @@ pub fn unknown_state(code: u8) -> StoreError {
 }
 
 impl Row {
-    /// Read a row selected with [`super::schema::COLUMNS`] (starting at column `0`).
+    /// Read a row selected with [`crate::schema::COLUMNS`] (starting at column `0`).
     pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         let code: u8 = r.get(3)?;
         let state = State::from_code(code).ok_or_else(|| {

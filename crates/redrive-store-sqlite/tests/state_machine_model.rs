@@ -20,9 +20,9 @@ use redrive_storage::conformance::{
     at, policy, MAX_RATE_LIMITED, MAX_RETRY_AFTER_MS, Q, RETRY_DELAY_MS,
 };
 use redrive_storage::{
-    Durability, LeaseRef, LeaseRequest, Nack, Release, ReleaseBy, Released, SqliteOptions,
-    SqliteStore, Store, StoreError,
+    LeaseRef, LeaseRequest, Nack, Release, ReleaseBy, Released, Store, StoreError,
 };
+use redrive_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Deliveries per message before it is dead: small, so that sequences of a few dozen

@@ -1,25 +1,25 @@
 //! The message state machine's transitions, run inside the writer's transaction.
 //!
-//! Each public method here is one job of [`super::group_commit`]: it reads the
+//! Each public method here is one job of [`crate::group_commit`]: it reads the
 //! rows it needs, checks the transition is legal (lease token, state), asks the
 //! queue's [`redrive_core::RetryPolicy`] what a failure leads to, and writes.
 //! It validates before it writes wherever it can; when it cannot, returning an
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
-use super::idempotency::{PurgedKey, Tombstone};
-use super::key_order::{self, Mode};
-use super::promotion::{self, DueQueues};
-use super::row::Row;
-use super::schema::columns;
-use super::sql_error::SqlResultExt;
-use crate::rules::{self, AttemptEnd, FailedAttempt, LeaseEnd, Lifecycle};
-use crate::{
-    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
-    Release, Released, Returned, Settled, StoreError, TickOutcome,
-};
+use crate::idempotency::{PurgedKey, Tombstone};
+use crate::key_order::{self, Mode};
+use crate::promotion::{self, DueQueues};
+use crate::row::Row;
+use crate::schema::columns;
+use crate::sql_error::SqlResultExt;
 use redrive_core::{
     fnv1a, AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage,
     QueueCatalog, SplitMix64, State, Timestamp, Waited,
+};
+use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, LeaseEnd, Lifecycle};
+use redrive_storage::{
+    Ack, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published, PurgeOutcome,
+    Release, Released, Returned, Settled, StoreError, TickOutcome,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
@@ -166,7 +166,7 @@ impl WriterState {
             refusing: false,
             batch: 0,
             rng: SplitMix64::new(seed),
-            epoch: super::random_seed(),
+            epoch: crate::random_seed(),
             catalog,
             idempotency_window_ms,
             counts,
@@ -181,7 +181,7 @@ impl WriterState {
 
     /// The earliest scheduled due time or lease expiry, ms: at open and after a tick.
     pub fn next_wake(&mut self) -> Result<Option<i64>, StoreError> {
-        let leases = super::reads::next_lease_expiry(&self.conn)?;
+        let leases = crate::reads::next_lease_expiry(&self.conn)?;
         Ok(match (self.due.earliest(&self.conn)?, leases) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -380,7 +380,7 @@ impl WriterState {
                         // outlives its message, so answer what the record remembers.
                         Err(StoreError::NotFound(_)) => {
                             out.push(Published {
-                                message: super::idempotency::purged_message(
+                                message: crate::idempotency::purged_message(
                                     id,
                                     &item,
                                     tombstone.as_deref(),
@@ -946,7 +946,7 @@ impl WriterState {
     }
 
     /// Delete the idempotency records of `keys` in `queue` (see
-    /// [`crate::Store::forget_idempotency_keys`]).
+    /// [`redrive_storage::Store::forget_idempotency_keys`]).
     pub fn forget_idempotency_keys(
         &mut self,
         queue: &str,
@@ -974,7 +974,7 @@ impl WriterState {
             .prepare_cached(sql)
             .db()?
             .query_row([seq], |r| {
-                Ok((Row::from_sql(r)?, r.get(super::schema::HISTORY_COLUMN)?))
+                Ok((Row::from_sql(r)?, r.get(crate::schema::HISTORY_COLUMN)?))
             })
             .db()?;
         row.to_message(Some(&history))
