@@ -12,7 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use redrive_core::State;
-use redrive_storage::{FailureOutcome, QueueStats};
+use redrive_storage::{FailureOutcome, MetricKind, QueueStats, StoreMetric};
+use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -134,9 +135,6 @@ pub struct Metrics {
     lateness: Histogram,
     commit_batch: Histogram,
     commit_seconds: Histogram,
-    wal_bytes: Gauge,
-    wal_rewinds: Gauge,
-    wal_rewind_seconds: Gauge<f64, AtomicU64>,
     commits: Counter,
     commit_changes: Counter,
     done_purged: Family<QueueLabel, Counter>,
@@ -260,24 +258,6 @@ impl Metrics {
             "Duration of one storage commit (fsync included)",
             commit_seconds.clone(),
         );
-        let wal_bytes = Gauge::default();
-        registry.register(
-            "redrive_wal_bytes",
-            "Size of the store's write-ahead log file on disk (bounded by max_wal_bytes)",
-            wal_bytes.clone(),
-        );
-        let wal_rewinds = Gauge::default();
-        registry.register(
-            "redrive_wal_rewinds",
-            "Times the writer rewound the WAL to keep it under max_wal_bytes (since start)",
-            wal_rewinds.clone(),
-        );
-        let wal_rewind_seconds = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "redrive_wal_rewind_seconds",
-            "Seconds the writer spent rewinding the WAL (since start): the latency cost of the bound",
-            wal_rewind_seconds.clone(),
-        );
         let commits = Counter::default();
         registry.register(
             "redrive_commits",
@@ -377,9 +357,6 @@ impl Metrics {
             lateness,
             commit_batch,
             commit_seconds,
-            wal_bytes,
-            wal_rewinds,
-            wal_rewind_seconds,
             commits,
             commit_changes,
             done_purged,
@@ -494,15 +471,6 @@ impl Metrics {
         QueueLabel {
             queue: queue.to_owned(),
         }
-    }
-
-    /// The store's log counters now: WAL bytes, rewinds, seconds spent rewinding.
-    pub fn set_log_stats(&self, stats: &redrive_storage::CommitStats) {
-        self.wal_bytes
-            .set(stats.log_bytes.min(i64::MAX as u64) as i64);
-        self.wal_rewinds
-            .set(stats.log_restarts.min(i64::MAX as u64) as i64);
-        self.wal_rewind_seconds.set(stats.log_rewind_seconds);
     }
 
     /// A storage commit of `n` transitions took `secs`.
@@ -628,8 +596,9 @@ impl Metrics {
         self.done_purged.get_or_create(&Self::q(queue)).inc_by(n);
     }
 
-    /// Render the text exposition, refreshing the queue gauges from `stats`.
-    pub fn render(&self, stats: &[QueueStats], now_ms: i64) -> String {
+    /// Render the text exposition, refreshing the queue gauges from `stats`, with the
+    /// store's own figures (`store`: each backend names its own, e.g. SQLite's WAL).
+    pub fn render(&self, stats: &[QueueStats], store: &[StoreMetric], now_ms: i64) -> String {
         self.queue_messages.clear();
         self.oldest_ready_age.clear();
         for s in stats {
@@ -652,6 +621,22 @@ impl Metrics {
         if encode(&mut out, &self.registry).is_err() {
             out.push_str("# encoding failed\n");
         }
+        let eof = out.rfind("# EOF").unwrap_or(out.len());
+        let mut tail = String::new();
+        for m in store {
+            let kind = match m.kind {
+                MetricKind::Gauge => "gauge",
+                MetricKind::Counter => "counter",
+            };
+            let sample = match m.kind {
+                MetricKind::Gauge => m.name.to_owned(),
+                MetricKind::Counter => format!("{}_total", m.name),
+            };
+            let _ = writeln!(tail, "# HELP {} {}", m.name, m.help);
+            let _ = writeln!(tail, "# TYPE {} {kind}", m.name);
+            let _ = writeln!(tail, "{sample} {}", m.value);
+        }
+        out.insert_str(eof, &tail);
         out
     }
 }

@@ -21,8 +21,8 @@ pub fn open_store(config: &Config, metrics: &Arc<Metrics>) -> Result<OpenedStore
     let observer_metrics = metrics.clone();
     let mut opts = SqliteOptions::new(&config.data_dir);
     opts.durability = config.durability.into();
-    opts.catalog = Arc::new(config.catalog());
-    opts.idempotency_window_ms = config.idempotency_window.ms();
+    opts.store.catalog = Arc::new(config.catalog());
+    opts.store.idempotency_window_ms = config.idempotency_window.ms();
     opts.max_wal_bytes = config.max_wal_bytes;
     opts.commit_observer = Some(Arc::new(move |n, secs| {
         observer_metrics.observe_commit(n, secs)

@@ -71,6 +71,12 @@ pub enum StoreError {
     /// reopened (restart the process, check the disk). Tell the client 503.
     #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]
     Poisoned(String),
+    /// The store cannot be reached now (its database is down or restarting, a connection
+    /// was killed, the pool timed out): the operation may or may not have been applied if
+    /// it was a write in flight, and nothing was answered as done. It may recover by itself;
+    /// tell the client 503 (`store_unavailable`) so it retries.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     /// The store is shutting down or its writer has stopped. Tell the client 503.
     #[error("store is closed")]
     Closed,

@@ -25,6 +25,7 @@
 mod error;
 mod filter;
 mod ops;
+mod options;
 pub mod rules;
 mod store;
 
@@ -37,8 +38,9 @@ pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
     TaskTransition,
 };
+pub use options::{StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
 pub use store::{
-    Ack, AckEvent, Acked, CommitStats, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack,
-    Published, PurgeOutcome, QueueStats, Release, ReleaseBy, Released, Returned, Settled, Store,
-    TickOutcome,
+    Ack, AckEvent, Acked, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
+    MetricKind, Nack, Notifier, Published, PurgeOutcome, QueueStats, ReadyNotice, Release,
+    ReleaseBy, Released, Returned, Settled, Store, StoreMetric, TickOutcome,
 };

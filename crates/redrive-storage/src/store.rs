@@ -8,7 +8,7 @@ use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
     Timestamp, Waited,
 };
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 /// A request for up to `max` ready messages of `queue`.
 #[derive(Debug, Clone)]
@@ -343,8 +343,19 @@ impl QueueStats {
     }
 }
 
-/// The storage contract (see the crate docs). Every transition takes the caller's
-/// clock reading `now`, so tests drive time explicitly.
+/// The storage contract (see the crate docs).
+///
+/// **Time.** Every transition takes `now`: `Some` is the caller's clock reading (tests
+/// drive a fake clock with it), `None` is the store's own clock — the database's where the
+/// backend has one (PostgreSQL: one clock for every node of a cluster, SPEC §13), the
+/// system clock for the embedded store.
+///
+/// **Durability.** Unless a method says otherwise, once its future resolves `Ok` the
+/// change is durable under the backend's durability setting (SQLite: fsync'd; PostgreSQL:
+/// committed). Two answer earlier and may be lost in a crash: [`Store::lease`] and
+/// [`Store::tick`]. A lost lease leaves its message as it was (`ready`, attempt not
+/// counted); a lost tick is repeated by the next one. Either way nothing acknowledged is
+/// lost and a later call sees the write in order.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Insert messages, all or nothing. Idempotency keys are checked against the window;
@@ -352,12 +363,17 @@ pub trait Store: Send + Sync + 'static {
     async fn publish(
         &self,
         items: Vec<NewMessage>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Published>, StoreError>;
 
     /// Lease up to `max` ready messages: highest priority first, then earliest due,
-    /// then oldest; under `ordering = "key"` only the head of each key.
-    async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError>;
+    /// then oldest; under `ordering = "key"` only the head of each key. May answer before
+    /// the lease is durable (see the trait's docs): a crash can forget it, never leak it.
+    async fn lease(
+        &self,
+        req: LeaseRequest,
+        now: Option<Timestamp>,
+    ) -> Result<Vec<Leased>, StoreError>;
 
     /// Ack leased messages; one result per item. Acking an already-acked message with
     /// its last token succeeds again (a retried request). A token whose lease was settled
@@ -366,14 +382,14 @@ pub trait Store: Send + Sync + 'static {
     async fn ack(
         &self,
         items: Vec<Ack>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError>;
 
     /// Nack leased messages; the policy decides retry or dead. One result per item.
     async fn nack(
         &self,
         items: Vec<Nack>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError>;
 
     /// Hand leased messages back unattempted ([`Release`]); one result per item: the
@@ -383,7 +399,7 @@ pub trait Store: Send + Sync + 'static {
     async fn release(
         &self,
         items: Vec<Release>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Released, StoreError>>, StoreError>;
 
     /// Fail delivered attempts that came back ([`Returned`]); one result per item: the
@@ -391,7 +407,7 @@ pub trait Store: Send + Sync + 'static {
     async fn returned(
         &self,
         items: Vec<Returned>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError>;
 
     /// Extend a lease to `now + by_ms` (never shortening it). Returns the new expiry.
@@ -399,12 +415,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         lease: LeaseRef,
         by_ms: u64,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Timestamp, StoreError>;
 
     /// Make a dead or scheduled message ready now, with a fresh attempt budget and a
     /// fresh `max_age` window counted from now (SPEC §2); its history is kept.
-    async fn redrive(&self, id: MessageId, now: Timestamp) -> Result<Message, StoreError> {
+    async fn redrive(&self, id: MessageId, now: Option<Timestamp>) -> Result<Message, StoreError> {
         self.redrive_with(id, None, now).await
     }
 
@@ -414,7 +430,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: MessageId,
         payload: Option<serde_json::Value>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Message, StoreError>;
 
     /// Make a scheduled, ready or leased message dead with reason `killed`.
@@ -422,7 +438,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: MessageId,
         reason: Option<String>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Message, StoreError>;
 
     /// Remove a message (any state) and its idempotency record.
@@ -436,7 +452,7 @@ pub trait Store: Send + Sync + 'static {
         queue: String,
         prefix: String,
         limit: u32,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<(String, MessageId)>, StoreError>;
 
     /// Forget idempotency keys of `queue`, durably (like an operator's delete does for its
@@ -450,14 +466,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64, StoreError>;
 
     /// The scheduler's step: make due scheduled messages ready, fail expired leases
-    /// (`lease_expired`), and say when to call again.
-    async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError>;
+    /// (`lease_expired`), and say when to call again. May answer before it is durable;
+    /// a lost tick is done again by the next. Safe to run from several processes at once on
+    /// a shared store: a message is promoted or expired once.
+    async fn tick(&self, now: Option<Timestamp>) -> Result<TickOutcome, StoreError>;
 
     /// Delete done messages finished before `now - done_retention_ms` and expired
     /// idempotency records. Dead messages are never purged here.
     async fn purge(
         &self,
-        now: Timestamp,
+        now: Option<Timestamp>,
         done_retention_ms: u64,
     ) -> Result<PurgeOutcome, StoreError>;
 
@@ -485,7 +503,7 @@ pub trait Store: Send + Sync + 'static {
     async fn task_transition(
         &self,
         t: TaskTransition,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<TaskRecord, StoreError>;
 
     /// Act on the step's messages and advance the task, in one transaction; nothing when
@@ -495,7 +513,7 @@ pub trait Store: Send + Sync + 'static {
     async fn task_step(
         &self,
         step: TaskStep,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<TaskStepOutcome, StoreError>;
 
     /// One task.
@@ -509,7 +527,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<TaskRecord>, StoreError>;
 
     /// Record an operator action; returns its `seq`.
-    async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError>;
+    async fn audit(&self, entry: NewAudit, now: Option<Timestamp>) -> Result<u64, StoreError>;
 
     /// The audit log, newest first: `limit` entries with `seq` below `before` (all when `None`).
     async fn audit_list(
@@ -521,18 +539,24 @@ pub trait Store: Send + Sync + 'static {
     /// Counts per state of every queue that has messages.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
 
-    /// A hint of when [`Store::tick`] should next run; changes when a write makes it earlier.
-    fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>>;
+    /// What to wake for: when [`Store::tick`] should next run, and messages made ready by
+    /// another process sharing the store ([`Notifier`]).
+    fn notifier(&self) -> Notifier;
 
-    /// `Some(reason)` once the store can take no more writes: a failed write poisoned it,
-    /// or its writer stopped (closed, or died). Readiness checks ask this.
-    fn poisoned(&self) -> Option<String>;
+    /// Whether the store can take writes now ([`Health`]). Readiness checks ask this.
+    fn health(&self) -> Health;
 
     /// Stop the writer after the writes already queued; later writes fail with `Closed`.
     async fn close(&self);
 
     /// Group-commit statistics: (commits, changes) since open.
     fn commit_stats(&self) -> CommitStats;
+
+    /// The backend's own figures for `/metrics` (SQLite: its write-ahead log; PostgreSQL:
+    /// its pool), each named in full (`redrive_wal_bytes`). Empty when it has none.
+    fn metrics(&self) -> Vec<StoreMetric> {
+        Vec::new()
+    }
 }
 
 /// Counters of the writer, for metrics and benchmarks.
@@ -544,10 +568,83 @@ pub struct CommitStats {
     pub changes: u64,
     /// Total seconds spent in commit (fsync included).
     pub commit_seconds: f64,
-    /// Bytes of the write-ahead log (or whatever log the backend keeps) on disk now.
-    pub log_bytes: u64,
-    /// Times the log was rewound to its start to keep it under its bound.
-    pub log_restarts: u64,
-    /// Total seconds writers waited for those rewinds (the latency cost of the bound).
-    pub log_rewind_seconds: f64,
+}
+
+/// One figure a backend reports about itself ([`Store::metrics`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreMetric {
+    /// The metric's full name (`redrive_…`), stable: dashboards and alerts use it.
+    pub name: &'static str,
+    /// One line saying what it measures.
+    pub help: &'static str,
+    /// Gauge (a level now) or counter (a total since open).
+    pub kind: MetricKind,
+    /// Its value.
+    pub value: f64,
+}
+
+/// The Prometheus kind of a [`StoreMetric`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A level now.
+    Gauge,
+    /// A total since the store was opened.
+    Counter,
+}
+
+/// Whether a store can take writes ([`Store::health`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// It takes writes.
+    Ok,
+    /// Not now, but it may recover by itself (a database that went away, its
+    /// connections killed): requests fail with [`StoreError::Unavailable`] meanwhile.
+    Unavailable(String),
+    /// Never again without a restart: a failed write poisoned it, or its writer stopped
+    /// (closed, or died).
+    Failed(String),
+}
+
+/// Messages a write made ready, told to the processes that share a store
+/// ([`Notifier::ready`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyNotice {
+    /// The queue.
+    pub queue: String,
+    /// How many became ready (at least 1); a hint, not a count to rely on.
+    pub count: u32,
+}
+
+/// What a store tells the process using it to wake for ([`Store::notifier`]).
+///
+/// `due` is when [`Store::tick`] should next run: the earliest due time or lease expiry the
+/// store knows of, changed when a write makes it earlier. `ready` carries messages made
+/// ready by *another* process sharing the store (PostgreSQL: LISTEN/NOTIFY, a hint that
+/// may be late or lost, so long polls also re-check on a timer); a process's own writes
+/// are answered to it, and it wakes its own waiters. A store no other process shares
+/// (SQLite) never sends on it.
+#[derive(Debug, Clone)]
+pub struct Notifier {
+    due: watch::Receiver<Option<Timestamp>>,
+    ready: broadcast::Sender<ReadyNotice>,
+}
+
+impl Notifier {
+    /// A notifier over a backend's channels.
+    pub fn new(
+        due: watch::Receiver<Option<Timestamp>>,
+        ready: broadcast::Sender<ReadyNotice>,
+    ) -> Self {
+        Self { due, ready }
+    }
+
+    /// When the next tick is due.
+    pub fn due(&self) -> watch::Receiver<Option<Timestamp>> {
+        self.due.clone()
+    }
+
+    /// Messages made ready elsewhere, from now on.
+    pub fn ready(&self) -> broadcast::Receiver<ReadyNotice> {
+        self.ready.subscribe()
+    }
 }

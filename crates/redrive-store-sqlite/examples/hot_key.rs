@@ -56,7 +56,7 @@ async fn publish_all(store: &SqliteStore, items: Vec<NewMessage>) {
     while items.peek().is_some() {
         let batch: Vec<NewMessage> = items.by_ref().take(PUBLISH_BATCH).collect();
         store
-            .publish(batch, Timestamp::now())
+            .publish(batch, Some(Timestamp::now()))
             .await
             .expect("publish");
     }
@@ -71,7 +71,7 @@ async fn lease_one(store: &SqliteStore) -> Vec<Leased> {
                 lease_ms: LEASE_MS,
                 max_bytes: None,
             },
-            Timestamp::now(),
+            Some(Timestamp::now()),
         )
         .await
         .expect("lease")
@@ -104,7 +104,7 @@ async fn run(
         on_dead: OnDead::Skip,
         ..QueueSettings::default()
     };
-    opts.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
+    opts.store.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
     let store = SqliteStore::open(opts).expect("open store");
 
     // The hot key first (its head and backlog are the earliest due), then one message
@@ -150,7 +150,7 @@ async fn run(
         };
         let start = Instant::now();
         let r = store
-            .ack(vec![lease.into()], Timestamp::now())
+            .ack(vec![lease.into()], Some(Timestamp::now()))
             .await
             .expect("ack");
         acks.push(start.elapsed().as_micros());
@@ -161,7 +161,7 @@ async fn run(
     for n in 0..operations {
         let start = Instant::now();
         store
-            .publish(vec![message("hot".into(), n)], Timestamp::now())
+            .publish(vec![message("hot".into(), n)], Some(Timestamp::now()))
             .await
             .expect("publish");
         publishes.push(start.elapsed().as_micros());

@@ -47,12 +47,26 @@ pub enum Command {
     Close(oneshot::Sender<()>),
 }
 
+/// The write-ahead log's figures ([`crate::SqliteStore::wal_stats`]; on `/metrics` as
+/// `redrive_wal_bytes`, `redrive_wal_rewinds`, `redrive_wal_rewind_seconds`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WalStats {
+    /// Bytes of the WAL file on disk now.
+    pub bytes: u64,
+    /// Times the log was rewound to its start to keep it under its bound.
+    pub rewinds: u64,
+    /// Total seconds writers waited for those rewinds (the latency cost of the bound).
+    pub rewind_seconds: f64,
+}
+
 /// State shared between the writer thread and the store handle.
 pub struct Shared {
     /// `Some(reason)` once poisoned.
     pub poisoned: Mutex<Option<String>>,
     /// Commit counters.
     pub stats: Mutex<CommitStats>,
+    /// The write-ahead log's figures.
+    pub wal: Mutex<WalStats>,
     /// Called after every commit with (message transitions in it, seconds in COMMIT).
     pub observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// The WAL file, whose size the writer checks after every commit.
@@ -73,16 +87,16 @@ pub struct Shared {
 impl Shared {
     /// Record the WAL's size on disk now.
     pub fn set_log_bytes(&self, bytes: u64, restarted: bool) {
-        if let Ok(mut s) = self.stats.lock() {
-            s.log_bytes = bytes;
-            s.log_restarts += u64::from(restarted);
+        if let Ok(mut s) = self.wal.lock() {
+            s.bytes = bytes;
+            s.rewinds += u64::from(restarted);
         }
     }
 
     /// Add the time a rewind of the WAL held the writer off.
     pub fn add_rewind_seconds(&self, secs: f64) {
-        if let Ok(mut s) = self.stats.lock() {
-            s.log_rewind_seconds += secs;
+        if let Ok(mut s) = self.wal.lock() {
+            s.rewind_seconds += secs;
         }
     }
 

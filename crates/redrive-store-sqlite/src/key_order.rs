@@ -261,14 +261,14 @@ mod tests {
             ordering: Ordering::Key,
             ..QueueSettings::default()
         };
-        opts.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
+        opts.store.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
         let conn = open_connection(&dir.join("redrive.db"), &opts, true).expect("open");
         schema::migrate(&conn).expect("migrate");
-        reconcile(&conn, &opts.catalog).expect("reconcile");
+        reconcile(&conn, &opts.store.catalog).expect("reconcile");
         WriterState::new(
             conn,
             1,
-            opts.catalog.clone(),
+            opts.store.catalog.clone(),
             60_000,
             Arc::new(Mutex::new(Counts::new())),
         )

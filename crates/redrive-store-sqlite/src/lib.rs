@@ -32,23 +32,24 @@ mod sql_error;
 mod transitions;
 
 use group_commit::{Command, Job, Shared};
-use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, Timestamp};
-use redrive_storage::CommitStats;
+use redrive_core::{Message, MessageId, NewMessage, Timestamp};
 use redrive_storage::{
-    Ack, Acked, AuditRecord, FailureOutcome, LeaseRef, LeaseRequest, Leased, MessageFilter, Nack,
-    NewAudit, Page, Published, PurgeOutcome, QueueStats, Release, Released, Returned, Store,
-    StoreError, TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    Ack, Acked, AuditRecord, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
+    MessageFilter, MetricKind, Nack, NewAudit, Notifier, Page, Published, PurgeOutcome, QueueStats,
+    ReadyNotice, Release, Released, Returned, Store, StoreError, StoreMetric, StoreOptions,
+    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use rusqlite::{Connection, OpenFlags};
 use sql_error::SqlResultExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use transitions::{Counts, WriterState};
 
 pub use backup::{BackupError, BackupReport};
 pub use dir_lock::LOCK_FILE;
+pub use group_commit::WalStats;
 
 /// When a write counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,12 +73,9 @@ pub struct SqliteOptions {
     pub data_dir: PathBuf,
     /// Commit durability.
     pub durability: Durability,
-    /// Per-queue settings used by transitions.
-    pub catalog: Arc<QueueCatalog>,
-    /// How long an idempotency key is remembered, ms.
-    pub idempotency_window_ms: u64,
-    /// Seed of the writer's RNG (jitter, lease tokens); random when `None`.
-    pub seed: Option<u64>,
+    /// What every backend is opened with: the queue catalog, the idempotency window, the
+    /// generator's seed.
+    pub store: StoreOptions,
     /// SQLite page cache per connection, MiB.
     pub cache_mib: u32,
     /// Called after each commit with (message transitions in it, seconds in COMMIT).
@@ -93,7 +91,7 @@ impl std::fmt::Debug for SqliteOptions {
         f.debug_struct("SqliteOptions")
             .field("data_dir", &self.data_dir)
             .field("durability", &self.durability)
-            .field("idempotency_window_ms", &self.idempotency_window_ms)
+            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
@@ -104,9 +102,7 @@ impl SqliteOptions {
         Self {
             data_dir: data_dir.into(),
             durability: Durability::Fsync,
-            catalog: Arc::new(QueueCatalog::default()),
-            idempotency_window_ms: 24 * 3_600_000,
-            seed: None,
+            store: StoreOptions::default(),
             cache_mib: 32,
             commit_observer: None,
             max_wal_bytes: DEFAULT_MAX_WAL_BYTES,
@@ -135,6 +131,8 @@ pub struct SqliteStore {
     jobs: mpsc::Sender<Command>,
     shared: Arc<Shared>,
     wake_rx: watch::Receiver<Option<Timestamp>>,
+    /// [`Notifier::ready`]'s sender, never sent on (no other process shares the store).
+    ready: broadcast::Sender<ReadyNotice>,
     counts: Arc<Mutex<Counts>>,
     readers: Arc<reads::ReaderPool>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -202,14 +200,14 @@ impl SqliteStore {
         // Checkpoints run on their own thread (see `checkpoint`), not inside commits.
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0").db()?;
         schema::migrate(&conn)?;
-        key_order::reconcile(&conn, &opts.catalog)?;
+        key_order::reconcile(&conn, &opts.store.catalog)?;
         let counts = Arc::new(Mutex::new(reads::load_counts(&conn)?));
-        let seed = opts.seed.unwrap_or_else(random_seed);
+        let seed = opts.store.seed.unwrap_or_else(random_seed);
         let mut state = WriterState::new(
             conn,
             seed,
-            opts.catalog.clone(),
-            opts.idempotency_window_ms,
+            opts.store.catalog.clone(),
+            opts.store.idempotency_window_ms,
             counts.clone(),
         );
         let next_wake = state.next_wake()?.map(Timestamp::from_millis);
@@ -218,6 +216,7 @@ impl SqliteStore {
         let shared = Arc::new(Shared {
             poisoned: Mutex::new(None),
             stats: Mutex::new(CommitStats::default()),
+            wal: Mutex::new(WalStats::default()),
             observer: opts.commit_observer.clone(),
             wal_path: wal_path(&path),
             wal_restart_bytes: wal_restart_bytes(&opts),
@@ -238,6 +237,7 @@ impl SqliteStore {
             jobs: tx,
             shared,
             wake_rx,
+            ready: broadcast::Sender::new(1),
             counts,
             readers,
             writer: Mutex::new(Some(writer)),
@@ -366,12 +366,18 @@ impl Store for SqliteStore {
     async fn publish(
         &self,
         items: Vec<NewMessage>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Published>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.publish(items, now)).await
     }
 
-    async fn lease(&self, req: LeaseRequest, now: Timestamp) -> Result<Vec<Leased>, StoreError> {
+    async fn lease(
+        &self,
+        req: LeaseRequest,
+        now: Option<Timestamp>,
+    ) -> Result<Vec<Leased>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         let rows = self.write_unsynced(move |w| w.lease(&req, now)).await?;
         rows.into_iter()
             .map(transitions::LeasedRow::into_leased)
@@ -381,8 +387,9 @@ impl Store for SqliteStore {
     async fn ack(
         &self,
         items: Vec<Ack>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         let rows: Vec<_> = self
             .write(move |w| Ok(items.iter().map(|l| w.ack(l, now)).collect()))
             .await?;
@@ -395,8 +402,9 @@ impl Store for SqliteStore {
     async fn nack(
         &self,
         items: Vec<Nack>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         let rows: Vec<_> = self
             .write(move |w| Ok(items.iter().map(|n| w.nack(n, now)).collect()))
             .await?;
@@ -409,8 +417,9 @@ impl Store for SqliteStore {
     async fn release(
         &self,
         items: Vec<Release>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Released, StoreError>>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         // Synced like a nack: a release lost in a crash would leave the lease to expire and
         // charge the attempt it was meant to take back.
         let rows: Vec<_> = self
@@ -425,8 +434,9 @@ impl Store for SqliteStore {
     async fn returned(
         &self,
         items: Vec<Returned>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         let rows: Vec<_> = self
             .write(move |w| Ok(items.iter().map(|r| w.returned(r, now)).collect()))
             .await?;
@@ -440,8 +450,9 @@ impl Store for SqliteStore {
         &self,
         lease: LeaseRef,
         by_ms: u64,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Timestamp, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.extend(&lease, by_ms, now)).await
     }
 
@@ -449,8 +460,9 @@ impl Store for SqliteStore {
         &self,
         id: MessageId,
         payload: Option<serde_json::Value>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Message, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.redrive(&id, payload.as_ref(), None, now))
             .await
     }
@@ -459,8 +471,9 @@ impl Store for SqliteStore {
         &self,
         id: MessageId,
         reason: Option<String>,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Message, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.kill(&id, reason, now)).await
     }
 
@@ -473,8 +486,9 @@ impl Store for SqliteStore {
         queue: String,
         prefix: String,
         limit: u32,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<Vec<(String, MessageId)>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.read(move |c| reads::idempotency_keys(c, &queue, &prefix, limit, now))
             .await
     }
@@ -491,7 +505,8 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn tick(&self, now: Timestamp) -> Result<TickOutcome, StoreError> {
+    async fn tick(&self, now: Option<Timestamp>) -> Result<TickOutcome, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         // Unsynced, like a lease: a promotion or an expired lease is nobody's acknowledged
         // write (a crash before its commit leaves the message scheduled with a past due time,
         // or leased with an expired lease, and the first tick after the restart does it
@@ -501,9 +516,10 @@ impl Store for SqliteStore {
 
     async fn purge(
         &self,
-        now: Timestamp,
+        now: Option<Timestamp>,
         done_retention_ms: u64,
     ) -> Result<PurgeOutcome, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.purge(now, done_retention_ms)).await
     }
 
@@ -532,16 +548,18 @@ impl Store for SqliteStore {
     async fn task_transition(
         &self,
         t: TaskTransition,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<TaskRecord, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.task_transition(&t, now)).await
     }
 
     async fn task_step(
         &self,
         step: TaskStep,
-        now: Timestamp,
+        now: Option<Timestamp>,
     ) -> Result<TaskStepOutcome, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.task_step(&step, now)).await
     }
 
@@ -557,7 +575,8 @@ impl Store for SqliteStore {
         self.read(move |c| ops::tasks(c, state, limit)).await
     }
 
-    async fn audit(&self, entry: NewAudit, now: Timestamp) -> Result<u64, StoreError> {
+    async fn audit(&self, entry: NewAudit, now: Option<Timestamp>) -> Result<u64, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
         self.write(move |w| w.audit_insert(&entry, now)).await
     }
 
@@ -579,25 +598,41 @@ impl Store for SqliteStore {
         self.read(move |c| reads::queue_stats(c, counts)).await
     }
 
-    fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>> {
-        self.wake_rx.clone()
+    fn notifier(&self) -> Notifier {
+        // No other process shares the directory (its lock): nothing is ever sent on `ready`.
+        Notifier::new(self.wake_rx.clone(), self.ready.clone())
     }
 
-    fn poisoned(&self) -> Option<String> {
-        let poisoned = self
-            .shared
-            .poisoned
-            .lock()
-            .map(|p| p.clone())
-            .unwrap_or(None);
-        poisoned.or_else(|| {
-            // The writer thread is gone (closed, or died): no write can succeed any more.
-            self.jobs
-                .is_closed()
-                .then(|| "the store's writer has stopped".to_owned())
-        })
+    fn health(&self) -> Health {
+        match self.failed() {
+            Some(reason) => Health::Failed(reason),
+            None => Health::Ok,
+        }
     }
 
+    fn metrics(&self) -> Vec<StoreMetric> {
+        let wal = self.wal_stats();
+        vec![
+            StoreMetric {
+                name: "redrive_wal_bytes",
+                help: "Size of the store's write-ahead log file on disk (bounded by max_wal_bytes)",
+                kind: MetricKind::Gauge,
+                value: wal.bytes as f64,
+            },
+            StoreMetric {
+                name: "redrive_wal_rewinds",
+                help: "Times the writer rewound the WAL to keep it under max_wal_bytes (since start)",
+                kind: MetricKind::Gauge,
+                value: wal.rewinds as f64,
+            },
+            StoreMetric {
+                name: "redrive_wal_rewind_seconds",
+                help: "Seconds the writer spent rewinding the WAL (since start): the latency cost of the bound",
+                kind: MetricKind::Gauge,
+                value: wal.rewind_seconds,
+            },
+        ]
+    }
     async fn close(&self) {
         let (tx, rx) = oneshot::channel();
         if self.jobs.send(Command::Close(tx)).await.is_ok() {
@@ -617,5 +652,29 @@ impl Store for SqliteStore {
 
     fn commit_stats(&self) -> CommitStats {
         self.shared.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+}
+
+impl SqliteStore {
+    /// The write-ahead log's figures now.
+    pub fn wal_stats(&self) -> WalStats {
+        self.shared.wal.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Why the store takes no more writes: a failed write poisoned it, or its writer
+    /// stopped (closed, or died).
+    fn failed(&self) -> Option<String> {
+        let poisoned = self
+            .shared
+            .poisoned
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or(None);
+        poisoned.or_else(|| {
+            // The writer thread is gone (closed, or died): no write can succeed any more.
+            self.jobs
+                .is_closed()
+                .then(|| "the store's writer has stopped".to_owned())
+        })
     }
 }

@@ -9,13 +9,19 @@ use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 async fn open(setup: Setup) -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut opts = SqliteOptions::new(dir.path());
-    opts.catalog = setup.catalog;
-    opts.idempotency_window_ms = setup.idempotency_window_ms;
-    opts.seed = Some(7);
+    opts.store.catalog = setup.catalog;
+    opts.store.idempotency_window_ms = setup.idempotency_window_ms;
+    opts.store.seed = Some(7);
     (SqliteStore::open(opts).expect("open the store"), dir)
 }
 
 redrive_storage::conformance_tests!(open);
+
+// Two stores on one data directory is what the embedded store refuses (its lock): the
+// shared-handles area is for the backends a cluster shares.
+redrive_storage::conformance_shared_tests!(
+    unsupported: "the embedded store is one process per data directory (redrive.lock refuses a second store)"
+);
 
 /// The suite's own list and the named tests come from one macro; this checks the
 /// runner that takes the whole list at once still passes on a few cases.
@@ -31,8 +37,8 @@ async fn run_cases_runs_the_listed_cases() {
             );
             async move {
                 let mut opts = SqliteOptions::new(dir);
-                opts.catalog = setup.catalog;
-                opts.idempotency_window_ms = setup.idempotency_window_ms;
+                opts.store.catalog = setup.catalog;
+                opts.store.idempotency_window_ms = setup.idempotency_window_ms;
                 SqliteStore::open(opts).expect("open the store")
             }
         },

@@ -39,8 +39,8 @@ fn settings(ordering: Ordering, on_dead: OnDead) -> QueueSettings {
 /// A store whose every queue uses `settings`.
 fn open(dir: &Path, settings: QueueSettings) -> SqliteStore {
     let mut opts = SqliteOptions::new(dir);
-    opts.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
-    opts.seed = Some(5);
+    opts.store.catalog = Arc::new(QueueCatalog::new(settings, Default::default()));
+    opts.store.seed = Some(5);
     // Commits without fsync: these tests are about which transitions happen, not about
     // crash durability (tests/recovery.rs), and some publish over ten thousand messages.
     opts.durability = Durability::UnsafeBuffered;
@@ -62,7 +62,7 @@ async fn lease(s: &SqliteStore, queue: &str, max: u32, now: i64) -> Vec<redrive_
             lease_ms: 60_000,
             max_bytes: None,
         },
-        at(now),
+        Some(at(now)),
     )
     .await
     .expect("lease")
@@ -98,16 +98,18 @@ async fn one_tick_promotes_a_quiet_queues_message_beside_a_flooded_queue() {
             })
             .collect();
         n += batch.len() as u32;
-        s.publish(batch, at(0)).await.expect("publish flood");
+        s.publish(batch, Some(at(0))).await.expect("publish flood");
     }
     // Due after every message of the flood: the old tick promoted 10,000 of those first.
     let quiet = NewMessage {
         deliver_at: Some(at(1_001)),
         ..NewMessage::new("quiet", json!({ "n": 0 }))
     };
-    s.publish(vec![quiet], at(0)).await.expect("publish quiet");
+    s.publish(vec![quiet], Some(at(0)))
+        .await
+        .expect("publish quiet");
 
-    let tick = s.tick(at(2_000)).await.expect("tick");
+    let tick = s.tick(Some(at(2_000))).await.expect("tick");
     assert!(
         tick.ready_queues.iter().any(|q| q == "quiet"),
         "{:?}",
@@ -139,7 +141,7 @@ async fn one_tick_promotes_a_quiet_queues_message_beside_a_flooded_queue() {
     let mut ticks = 0;
     loop {
         ticks += 1;
-        let t = s.tick(at(2_000)).await.expect("tick");
+        let t = s.tick(Some(at(2_000))).await.expect("tick");
         if !t.more {
             assert_eq!(t.next_wake, Some(at(62_000)), "the quiet lease's expiry");
             break;
@@ -163,13 +165,13 @@ async fn one_tick_promotes_a_quiet_queues_message_beside_a_flooded_queue() {
 async fn oldest_ready_age_counts_messages_waiting_behind_their_key() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path(), settings(Ordering::Key, OnDead::Skip));
-    s.publish(vec![keyed(Q, "a", 0)], at(100))
+    s.publish(vec![keyed(Q, "a", 0)], Some(at(100)))
         .await
         .expect("publish");
-    s.publish(vec![keyed(Q, "a", 1)], at(200))
+    s.publish(vec![keyed(Q, "a", 1)], Some(at(200)))
         .await
         .expect("publish");
-    s.publish(vec![keyed(Q, "b", 2)], at(300))
+    s.publish(vec![keyed(Q, "b", 2)], Some(at(300)))
         .await
         .expect("publish");
     let head = lease(&s, Q, 1, 400).await;
@@ -195,7 +197,7 @@ async fn reopening_with_key_ordering_turned_on_orders_existing_messages() {
         keyed(Q, "b", 2),
         keyed(Q, "b", 3),
     ];
-    s.publish(items, at(0)).await.expect("publish");
+    s.publish(items, Some(at(0))).await.expect("publish");
     s.close().await;
     drop(s);
 
@@ -212,10 +214,10 @@ async fn reopening_with_another_ordering_rewrites_who_waits() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path(), settings(Ordering::Key, OnDead::Skip));
     let items = vec![keyed(Q, "a", 0), keyed(Q, "a", 1), keyed(Q, "a", 2)];
-    s.publish(items, at(0)).await.expect("publish");
+    s.publish(items, Some(at(0))).await.expect("publish");
     let head = lease(&s, Q, 10, 10).await;
     assert_eq!(head.len(), 1);
-    s.kill(head[0].message.id, None, at(20))
+    s.kill(head[0].message.id, None, Some(at(20)))
         .await
         .expect("kill");
     s.close().await;
@@ -313,7 +315,7 @@ async fn store_from_schema_version_1_is_migrated_and_orders_keys() {
         })
         .expect("version");
     assert!(version.parse::<i64>().expect("number") >= 3, "{version}");
-    let tick = s.tick(at(5_000)).await.expect("tick");
+    let tick = s.tick(Some(at(5_000))).await.expect("tick");
     assert_eq!(
         tick.ready_queues,
         vec![Q.to_owned()],
@@ -530,7 +532,7 @@ impl Run {
                 };
                 self.next_n += 1;
                 let out = s
-                    .publish(vec![item], now)
+                    .publish(vec![item], Some(now))
                     .await
                     .map_err(|e| TestCaseError::fail(format!("publish: {e}")))?;
                 self.ids.push(out[0].message.id);
@@ -550,7 +552,7 @@ impl Run {
                             lease_ms: *lease_ms,
                             max_bytes: None,
                         },
-                        now,
+                        Some(now),
                     )
                     .await
                     .map_err(|e| TestCaseError::fail(format!("lease: {e}")))?;
@@ -562,7 +564,7 @@ impl Run {
             }
             Op::Ack { pick } => {
                 if let Some(lease) = self.pick_leased(pick) {
-                    let r = s.ack(vec![lease.into()], now).await;
+                    let r = s.ack(vec![lease.into()], Some(now)).await;
                     let r = r.map_err(|e| TestCaseError::fail(format!("ack: {e}")))?;
                     expected_refusal(r.into_iter().next().expect("one").map(|_| ()))?;
                 }
@@ -580,7 +582,7 @@ impl Run {
                         lease,
                         failure: Failure::new(class, "failed"),
                     };
-                    let r = s.nack(vec![nack], now).await;
+                    let r = s.nack(vec![nack], Some(now)).await;
                     let r = r.map_err(|e| TestCaseError::fail(format!("nack: {e}")))?;
                     expected_refusal(r.into_iter().next().expect("one").map(|_| ()))?;
                 }
@@ -588,19 +590,19 @@ impl Run {
             Op::Advance { ms, tick } => {
                 self.now += *ms as i64;
                 if *tick {
-                    s.tick(at(self.now))
+                    s.tick(Some(at(self.now)))
                         .await
                         .map_err(|e| TestCaseError::fail(format!("tick: {e}")))?;
                 }
             }
             Op::Redrive { pick } => {
                 if let Some(id) = self.pick(pick) {
-                    expected_refusal(s.redrive(id, now).await.map(|_| ()))?;
+                    expected_refusal(s.redrive(id, Some(now)).await.map(|_| ()))?;
                 }
             }
             Op::Kill { pick } => {
                 if let Some(id) = self.pick(pick) {
-                    expected_refusal(s.kill(id, None, now).await.map(|_| ()))?;
+                    expected_refusal(s.kill(id, None, Some(now)).await.map(|_| ()))?;
                 }
             }
             Op::Delete { pick } => {
@@ -685,7 +687,7 @@ async fn lease_stops_at_max_bytes_and_leaves_the_rest_ready() {
     let items = (0..10)
         .map(|_| NewMessage::new("big", serde_json::Value::String("z".repeat(1_000))))
         .collect();
-    store.publish(items, now).await.unwrap();
+    store.publish(items, Some(now)).await.unwrap();
     let lease = |max_bytes| LeaseRequest {
         queue: "big".into(),
         max: 10,
@@ -693,15 +695,15 @@ async fn lease_stops_at_max_bytes_and_leaves_the_rest_ready() {
         max_bytes,
     };
     // Each payload is 1,002 bytes of JSON: 3,500 bytes hold three.
-    let got = store.lease(lease(Some(3_500)), now).await.unwrap();
+    let got = store.lease(lease(Some(3_500)), Some(now)).await.unwrap();
     assert_eq!(got.len(), 3);
     // A bound smaller than one message still leases one.
-    let got = store.lease(lease(Some(10)), now).await.unwrap();
+    let got = store.lease(lease(Some(10)), Some(now)).await.unwrap();
     assert_eq!(got.len(), 1);
     let stats = store.queue_stats().await.unwrap();
     assert_eq!(stats[0].count(redrive_core::State::Ready), 6);
     assert_eq!(stats[0].count(redrive_core::State::Leased), 4);
-    let got = store.lease(lease(None), now).await.unwrap();
+    let got = store.lease(lease(None), Some(now)).await.unwrap();
     assert_eq!(got.len(), 6, "no bound: all the rest");
     store.close().await;
 }

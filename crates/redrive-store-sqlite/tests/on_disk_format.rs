@@ -14,8 +14,8 @@ use std::path::Path;
 
 fn options(dir: &Path) -> SqliteOptions {
     let mut opts = SqliteOptions::new(dir);
-    opts.catalog = std::sync::Arc::new(conformance::catalog());
-    opts.seed = Some(5);
+    opts.store.catalog = std::sync::Arc::new(conformance::catalog());
+    opts.store.seed = Some(5);
     opts
 }
 
@@ -36,7 +36,7 @@ async fn unknown_state_code_on_disk_is_an_error_not_dead() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(options(dir.path())).expect("open");
     let id = store
-        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], at(0))
+        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], Some(at(0)))
         .await
         .expect("publish")[0]
         .message
@@ -226,13 +226,13 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
     );
     // Its idempotency records still answer replays.
     let r = store
-        .publish(vec![keyed("a", json!({"n": 1}))], at(10))
+        .publish(vec![keyed("a", json!({"n": 1}))], Some(at(10)))
         .await
         .expect("replay");
     assert!(r[0].replayed && r[0].message.id == ready, "{r:?}");
     // A key whose message was purged before the upgrade answers the original id too.
     let r = store
-        .publish(vec![keyed("gone", json!({"n": 2}))], at(20))
+        .publish(vec![keyed("gone", json!({"n": 2}))], Some(at(20)))
         .await
         .expect("replay");
     assert!(
@@ -244,7 +244,10 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
     assert_eq!(r[0].message.created_at, at(0));
     // A dead letter far past max_age is redriven with a fresh window (its row has no
     // window start yet): a transient failure schedules a retry.
-    store.redrive(dead, at(3_600_000)).await.expect("redrive");
+    store
+        .redrive(dead, Some(at(3_600_000)))
+        .await
+        .expect("redrive");
     let l = store
         .lease(
             LeaseRequest {
@@ -253,7 +256,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 lease_ms: 30_000,
                 max_bytes: None,
             },
-            at(3_600_001),
+            Some(at(3_600_001)),
         )
         .await
         .expect("lease");
@@ -269,7 +272,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 },
                 failure: Failure::new(ErrorClass::Transient, "still down"),
             }],
-            at(3_600_002),
+            Some(at(3_600_002)),
         )
         .await
         .expect("nack");
@@ -284,7 +287,7 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 lease_ms: 30_000,
                 max_bytes: None,
             },
-            at(30),
+            Some(at(30)),
         )
         .await
         .expect("lease");
@@ -296,14 +299,14 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
                 token: l[0].token.clone(),
             }
             .into()],
-            at(31),
+            Some(at(31)),
         )
         .await
         .expect("ack");
     assert!(acked[0].is_ok());
-    store.purge(at(60_000), 1_000).await.expect("purge");
+    store.purge(Some(at(60_000)), 1_000).await.expect("purge");
     let r = store
-        .publish(vec![keyed("a", json!({"n": 1}))], at(60_001))
+        .publish(vec![keyed("a", json!({"n": 1}))], Some(at(60_001)))
         .await
         .expect("replay");
     assert!(r[0].replayed && r[0].message.id == ready && r[0].message.finished_at == Some(at(31)));
@@ -359,7 +362,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
     let items = (0..5)
         .map(|n| NewMessage::new(Q, json!({ "n": n })))
         .collect();
-    store.publish(items, at(0)).await.expect("publish");
+    store.publish(items, Some(at(0))).await.expect("publish");
     let mut l: Vec<Leased> = store
         .lease(
             LeaseRequest {
@@ -368,7 +371,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
                 lease_ms: 1_000,
                 max_bytes: None,
             },
-            at(0),
+            Some(at(0)),
         )
         .await
         .expect("lease");
@@ -380,7 +383,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
     };
     // acked, nacked, released, expired, killed.
     assert!(store
-        .ack(vec![lref(&l[0]).into()], at(1))
+        .ack(vec![lref(&l[0]).into()], Some(at(1)))
         .await
         .expect("ack")[0]
         .is_ok());
@@ -390,19 +393,31 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
         failure: Failure::new(ErrorClass::Transient, "x"),
         waited: Vec::new(),
     };
-    assert!(store.nack(vec![nack], at(1)).await.expect("nack")[0].is_ok());
+    assert!(store.nack(vec![nack], Some(at(1))).await.expect("nack")[0].is_ok());
     let release = Release {
         lease: lref(&l[2]),
         until: at(1),
         by: ReleaseBy::Consumer,
         waited: Vec::new(),
     };
-    assert!(store.release(vec![release], at(1)).await.expect("release")[0].is_ok());
+    assert!(store
+        .release(vec![release], Some(at(1)))
+        .await
+        .expect("release")[0]
+        .is_ok());
     store
-        .kill(l[4].message.id, None, at(1))
+        .kill(l[4].message.id, None, Some(at(1)))
         .await
         .expect("kill");
-    assert_eq!(store.tick(at(1_000)).await.expect("tick").expired.len(), 1);
+    assert_eq!(
+        store
+            .tick(Some(at(1_000)))
+            .await
+            .expect("tick")
+            .expired
+            .len(),
+        1
+    );
     store.close().await;
     drop(store);
     // Back to version 6: the same tables without the two columns version 7 added.
@@ -418,7 +433,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
         let (store, lease) = (&store, lref(l));
         async move {
             store
-                .ack(vec![lease.into()], at(2_000))
+                .ack(vec![lease.into()], Some(at(2_000)))
                 .await
                 .expect("ack request")
                 .remove(0)
@@ -432,7 +447,7 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
         failure: Failure::new(ErrorClass::Transient, "x"),
         waited: Vec::new(),
     };
-    let r = store.nack(vec![nack], at(2_000)).await.expect("nack")[0]
+    let r = store.nack(vec![nack], Some(at(2_000))).await.expect("nack")[0]
         .as_ref()
         .map(drop)
         .map_err(Clone::clone);

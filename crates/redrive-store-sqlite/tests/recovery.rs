@@ -16,8 +16,8 @@ use std::path::Path;
 
 fn open(dir: &Path) -> SqliteStore {
     let mut opts = SqliteOptions::new(dir);
-    opts.catalog = std::sync::Arc::new(conformance::catalog());
-    opts.seed = Some(3);
+    opts.store.catalog = std::sync::Arc::new(conformance::catalog());
+    opts.store.seed = Some(3);
     SqliteStore::open(opts).expect("open store")
 }
 
@@ -29,7 +29,7 @@ async fn lease(s: &SqliteStore, max: u32, lease_ms: u64, now: i64) -> Vec<Leased
             lease_ms,
             max_bytes: None,
         },
-        at(now),
+        Some(at(now)),
     )
     .await
     .expect("lease")
@@ -69,7 +69,7 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
         NewMessage::new(Q, json!({"n": 4})),
     ];
     let ids: Vec<MessageId> = s
-        .publish(items, at(0))
+        .publish(items, Some(at(0)))
         .await
         .expect("publish")
         .into_iter()
@@ -80,7 +80,9 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
         ls.iter().map(|l| l.message.id).collect::<Vec<_>>(),
         ids[..3].to_vec()
     );
-    s.ack(vec![lref(&ls[0]).into()], at(1)).await.expect("ack")[0]
+    s.ack(vec![lref(&ls[0]).into()], Some(at(1)))
+        .await
+        .expect("ack")[0]
         .as_ref()
         .expect("ack item");
     let nacked = s
@@ -91,7 +93,7 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
                 lease: lref(&ls[1]),
                 failure: Failure::new(ErrorClass::Transient, "db down"),
             }],
-            at(2),
+            Some(at(2)),
         )
         .await
         .expect("nack");
@@ -99,11 +101,11 @@ async fn populate(s: &SqliteStore) -> (Vec<MessageId>, Leased) {
         nacked[0].as_ref().expect("nack item").message.due_at,
         Some(at(1_002))
     );
-    s.kill(ids[4], Some("bad".into()), at(3))
+    s.kill(ids[4], Some("bad".into()), Some(at(3)))
         .await
         .expect("kill");
     let ready = s
-        .publish(vec![NewMessage::new(Q, json!({"n": 5}))], at(4))
+        .publish(vec![NewMessage::new(Q, json!({"n": 5}))], Some(at(4)))
         .await
         .expect("publish");
     let mut all = ids;
@@ -142,7 +144,7 @@ async fn check_reopened(
     );
     // The scheduler's hint is recomputed from disk: the retry at 1.002 s is earliest.
     assert_eq!(
-        *s.wake_hint().borrow(),
+        *s.notifier().due().borrow(),
         Some(at(1_002)),
         "wake hint after reopen"
     );
@@ -153,7 +155,7 @@ async fn check_reopened(
                 idempotency_key: Some("once".into()),
                 ..NewMessage::new(Q, json!({"n": 0}))
             }],
-            at(10),
+            Some(at(10)),
         )
         .await
         .expect("replay");
@@ -163,15 +165,17 @@ async fn check_reopened(
     );
     // The live lease is still live: its token extends and acks it.
     let e = s
-        .extend(lref(live), 120_000, at(20))
+        .extend(lref(live), 120_000, Some(at(20)))
         .await
         .expect("extend of a lease taken before the reopen");
     assert_eq!(e, at(120_020));
-    s.ack(vec![lref(live).into()], at(30)).await.expect("ack")[0]
+    s.ack(vec![lref(live).into()], Some(at(30)))
+        .await
+        .expect("ack")[0]
         .as_ref()
         .expect("ack of a pre-reopen lease");
     // The scheduler carries on: the nacked message becomes ready and is leased again.
-    let t = s.tick(at(1_002)).await.expect("tick");
+    let t = s.tick(Some(at(1_002))).await.expect("tick");
     assert_eq!(t.ready_queues, vec![Q.to_owned()]);
     assert_eq!(t.next_wake, Some(at(50_000)));
     let ls = lease(s, 10, 30_000, 1_002).await;
@@ -190,13 +194,13 @@ async fn everything_survives_close_and_reopen() {
     let (ids, live) = populate(&s).await;
     let before = snapshot(&s, &ids).await;
     assert_eq!(
-        *s.wake_hint().borrow(),
+        *s.notifier().due().borrow(),
         Some(at(1_002)),
         "wake hint before close"
     );
     s.close().await;
     let refused = s
-        .publish(vec![NewMessage::new(Q, json!("late"))], at(5))
+        .publish(vec![NewMessage::new(Q, json!("late"))], Some(at(5)))
         .await;
     assert!(
         matches!(refused, Err(StoreError::Closed)),
@@ -215,13 +219,13 @@ async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let first = open(dir.path());
     let published = first
-        .publish(vec![NewMessage::new(Q, json!("kept"))], at(0))
+        .publish(vec![NewMessage::new(Q, json!("kept"))], Some(at(0)))
         .await
         .expect("publish")[0]
         .message
         .id;
     let mut opts = SqliteOptions::new(dir.path());
-    opts.catalog = std::sync::Arc::new(conformance::catalog());
+    opts.store.catalog = std::sync::Arc::new(conformance::catalog());
     let Err(refused) = SqliteStore::open(opts) else {
         panic!("a second store opened a directory in use");
     };
@@ -236,7 +240,10 @@ async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
     // The first is untouched.
     assert!(first.get(published).await.expect("get").is_some());
     first
-        .publish(vec![NewMessage::new(Q, json!("still writing"))], at(1))
+        .publish(
+            vec![NewMessage::new(Q, json!("still writing"))],
+            Some(at(1)),
+        )
         .await
         .expect("the first still writes");
     first.close().await;
@@ -262,7 +269,7 @@ async fn a_lease_that_expired_while_closed_is_reaped_after_reopen() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path());
     let id = s
-        .publish(vec![NewMessage::new(Q, json!(1))], at(0))
+        .publish(vec![NewMessage::new(Q, json!(1))], Some(at(0)))
         .await
         .expect("publish")[0]
         .message
@@ -272,12 +279,12 @@ async fn a_lease_that_expired_while_closed_is_reaped_after_reopen() {
     drop(s);
     let s = open(dir.path());
     assert_eq!(
-        *s.wake_hint().borrow(),
+        *s.notifier().due().borrow(),
         Some(at(1_000)),
         "the lease expiry is the wake hint"
     );
     let r = s
-        .ack(vec![lref(&l).into()], at(5_000))
+        .ack(vec![lref(&l).into()], Some(at(5_000)))
         .await
         .expect("ack")
         .remove(0);
@@ -285,7 +292,7 @@ async fn a_lease_that_expired_while_closed_is_reaped_after_reopen() {
         matches!(r, Err(StoreError::LeaseExpired)),
         "ack after expiry: {r:?}"
     );
-    let t = s.tick(at(5_000)).await.expect("tick");
+    let t = s.tick(Some(at(5_000))).await.expect("tick");
     assert_eq!(t.expired.len(), 1);
     assert_eq!(t.expired[0].message.id, id);
     let m = s.get(id).await.expect("get").expect("message");
@@ -349,7 +356,7 @@ fn crash_child() {
         let items = (0..CRASH_MESSAGES)
             .map(|i| NewMessage::new(Q, json!({ "i": i })))
             .collect();
-        s.publish(items, at(0)).await.expect("publish");
+        s.publish(items, Some(at(0))).await.expect("publish");
         let ls = lease(&s, CRASH_MESSAGES as u32, 60_000, 0).await;
         assert_eq!(ls.len(), CRASH_MESSAGES);
         // Many concurrent acks share commits (group commit); each is answered only once
@@ -358,9 +365,9 @@ fn crash_child() {
         let s = std::sync::Arc::new(s);
         for l in ls.iter().take(CRASH_ACKED) {
             let (s, r) = (s.clone(), lref(l));
-            tasks.push(tokio::spawn(
-                async move { s.ack(vec![r.into()], at(1)).await },
-            ));
+            tasks.push(tokio::spawn(async move {
+                s.ack(vec![r.into()], Some(at(1))).await
+            }));
         }
         for t in tasks {
             t.await.expect("join").expect("ack")[0]
@@ -376,7 +383,7 @@ fn crash_child() {
                 failure: Failure::new(ErrorClass::Transient, "x"),
             })
             .collect();
-        for r in s.nack(nacks, at(2)).await.expect("nack") {
+        for r in s.nack(nacks, Some(at(2))).await.expect("nack") {
             r.expect("nack item");
         }
         std::process::abort();
@@ -424,7 +431,7 @@ fn acknowledged_writes_survive_a_process_crash() {
             "counts rebuilt from disk"
         );
         assert_eq!(
-            *s.wake_hint().borrow(),
+            *s.notifier().due().borrow(),
             Some(at(1_002)),
             "wake hint: the earliest retry"
         );
@@ -439,12 +446,12 @@ async fn writes_after_close_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path());
     let before = s
-        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], at(1_000))
+        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], Some(at(1_000)))
         .await
         .unwrap();
     s.close().await;
     let refused = s
-        .publish(vec![NewMessage::new(Q, json!({"n": 2}))], at(1_001))
+        .publish(vec![NewMessage::new(Q, json!({"n": 2}))], Some(at(1_001)))
         .await;
     assert!(
         matches!(refused, Err(StoreError::Closed)),
@@ -488,13 +495,16 @@ fn lease_crash_child() {
         .expect("runtime");
     rt.block_on(async {
         let s = std::sync::Arc::new(open(Path::new(&dir)));
-        s.publish(vec![NewMessage::new(Q, json!({ "first": true }))], at(0))
-            .await
-            .expect("publish");
+        s.publish(
+            vec![NewMessage::new(Q, json!({ "first": true }))],
+            Some(at(0)),
+        )
+        .await
+        .expect("publish");
         let (bulk_a, bulk_b) = (bulk("a"), bulk("b"));
         let a = {
             let s = s.clone();
-            tokio::spawn(async move { s.publish(bulk_a, at(1)).await })
+            tokio::spawn(async move { s.publish(bulk_a, Some(at(1))).await })
         };
         tokio::time::sleep(std::time::Duration::from_millis(30)).await;
         let leasing = {
@@ -504,7 +514,7 @@ fn lease_crash_child() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let _b = {
             let s = s.clone();
-            tokio::spawn(async move { s.publish(bulk_b, at(3)).await })
+            tokio::spawn(async move { s.publish(bulk_b, Some(at(3))).await })
         };
         let leased = leasing.await.expect("join");
         assert_eq!(leased.len(), 1);
@@ -551,7 +561,7 @@ fn a_lease_lost_in_a_crash_is_delivered_again_as_the_same_attempt() {
                     token: token.to_owned(),
                 }
                 .into()],
-                at(10),
+                Some(at(10)),
             )
             .await
             .expect("ack");

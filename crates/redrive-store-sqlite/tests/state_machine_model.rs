@@ -294,8 +294,8 @@ fn open(dir: &std::path::Path) -> SqliteStore {
         ordering: Ordering::None,
         on_dead: OnDead::Skip,
     };
-    opts.catalog = std::sync::Arc::new(QueueCatalog::new(settings, Default::default()));
-    opts.seed = Some(11);
+    opts.store.catalog = std::sync::Arc::new(QueueCatalog::new(settings, Default::default()));
+    opts.store.seed = Some(11);
     // Every step commits at least once and a run is 32 cases of up to 40 steps (plus
     // shrinking): an fsync per commit would make this test slow for nothing, since
     // durability does not change which transitions happen. Crash durability is
@@ -321,7 +321,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                 })
                 .collect();
             let out = s
-                .publish(items, now)
+                .publish(items, Some(now))
                 .await
                 .map_err(|e| TestCaseError::fail(format!("publish: {e}")))?;
             prop_assert_eq!(out.len(), *n as usize);
@@ -376,7 +376,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         lease_ms: *lease_ms,
                         max_bytes: None,
                     },
-                    now,
+                    Some(now),
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(format!("lease: {e}")))?;
@@ -421,7 +421,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         token: tok.clone(),
                     }
                     .into()],
-                    now,
+                    Some(now),
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(format!("ack: {e}")))?
@@ -473,7 +473,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         },
                         failure,
                     }],
-                    now,
+                    Some(now),
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(format!("nack: {e}")))?
@@ -520,7 +520,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                         by: ReleaseBy::Consumer,
                         waited: Vec::new(),
                     }],
-                    now,
+                    Some(now),
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(format!("release: {e}")))?
@@ -584,7 +584,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
                 }
             }
             let out = s
-                .tick(model.t())
+                .tick(Some(model.t()))
                 .await
                 .map_err(|e| TestCaseError::fail(format!("tick: {e}")))?;
             let mut got: Vec<MessageId> = out.expired.iter().map(|o| o.message.id).collect();
@@ -611,7 +611,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
             let Some(id) = target(model, op) else {
                 return Ok(());
             };
-            let r = s.redrive(id, now).await;
+            let r = s.redrive(id, Some(now)).await;
             match (model.msgs.get_mut(&id), r) {
                 (None, Err(e)) => prop_assert_eq!(kind(&e), "not_found"),
                 (Some(m), Ok(msg)) if matches!(m.state, State::Dead | State::Scheduled) => {
@@ -633,7 +633,7 @@ async fn step(s: &SqliteStore, model: &mut Model, op: &Op) -> Result<(), TestCas
             let Some(id) = target(model, op) else {
                 return Ok(());
             };
-            let r = s.kill(id, Some("model".into()), now).await;
+            let r = s.kill(id, Some("model".into()), Some(now)).await;
             match (model.msgs.get_mut(&id), r) {
                 (None, Err(e)) => prop_assert_eq!(kind(&e), "not_found"),
                 (Some(m), Ok(msg)) if !m.state.is_final() => {

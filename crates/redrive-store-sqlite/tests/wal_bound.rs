@@ -29,7 +29,7 @@ async fn wal_stays_under_its_bound_under_continuous_writes() {
         let items = (0..50)
             .map(|_| NewMessage::new("q", body.clone()))
             .collect();
-        store.publish(items, Timestamp::now()).await.unwrap();
+        store.publish(items, Some(Timestamp::now())).await.unwrap();
         max_seen = max_seen.max(wal_file(dir.path()));
         let leased = store
             .lease(
@@ -39,7 +39,7 @@ async fn wal_stays_under_its_bound_under_continuous_writes() {
                     lease_ms: 30_000,
                     max_bytes: None,
                 },
-                Timestamp::now(),
+                Some(Timestamp::now()),
             )
             .await
             .unwrap();
@@ -55,21 +55,21 @@ async fn wal_stays_under_its_bound_under_continuous_writes() {
                 .into()
             })
             .collect();
-        for r in store.ack(acks, Timestamp::now()).await.unwrap() {
+        for r in store.ack(acks, Some(Timestamp::now())).await.unwrap() {
             r.unwrap();
         }
         max_seen = max_seen.max(wal_file(dir.path()));
         // Three commits of ≥ 50 KiB of rows each (plus index pages).
         written += 3 * 50 * 1024;
     }
-    let stats = store.commit_stats();
+    let stats = store.wal_stats();
     assert!(
         max_seen <= LIMIT,
         "WAL reached {max_seen} bytes, bound {LIMIT} ({} rewinds)",
-        stats.log_restarts
+        stats.rewinds
     );
-    assert!(stats.log_restarts >= 5, "rewinds: {}", stats.log_restarts);
-    assert!(stats.log_bytes <= LIMIT, "reported {}", stats.log_bytes);
+    assert!(stats.rewinds >= 5, "rewinds: {}", stats.rewinds);
+    assert!(stats.bytes <= LIMIT, "reported {}", stats.bytes);
     store.close().await;
 }
 
@@ -82,11 +82,11 @@ async fn wal_is_given_back_when_writes_stop() {
     let items = (0..200)
         .map(|_| NewMessage::new("q", serde_json::Value::String("y".repeat(1024))))
         .collect();
-    store.publish(items, Timestamp::now()).await.unwrap();
+    store.publish(items, Some(Timestamp::now())).await.unwrap();
     assert!(wal_file(dir.path()) > 0);
     let deadline = Instant::now() + Duration::from_secs(30);
     // The file first, then the figure the checkpointer records right after truncating it.
-    while wal_file(dir.path()) > 0 || store.commit_stats().log_bytes > 0 {
+    while wal_file(dir.path()) > 0 || store.wal_stats().bytes > 0 {
         assert!(
             Instant::now() < deadline,
             "WAL still {} bytes after 30 s idle",

@@ -98,6 +98,9 @@ impl From<StoreError> for ApiError {
             StoreError::Poisoned(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_poisoned", msg)
             }
+            StoreError::Unavailable(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", msg)
+            }
             StoreError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", msg),
             StoreError::InvalidCursor(_) => Self::bad_request("invalid_cursor", msg),
             StoreError::TaskNotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", msg),

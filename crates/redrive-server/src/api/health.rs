@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
+use redrive_storage::Health;
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
@@ -15,14 +16,24 @@ pub async fn healthz() -> impl IntoResponse {
 /// Readiness: the store accepts writes and the server is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses(
     (status = 200, description = "ready"),
-    (status = 503, description = "poisoned store or shutting down", body = super::ErrorBody)))]
+    (status = 503, description = "store poisoned or unavailable, or shutting down", body = super::ErrorBody)))]
 pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    if let Some(reason) = s.engine.store().poisoned() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_poisoned",
-            reason,
-        ));
+    match s.engine.store().health() {
+        Health::Ok => {}
+        Health::Failed(reason) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_poisoned",
+                reason,
+            ))
+        }
+        Health::Unavailable(reason) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                reason,
+            ))
+        }
     }
     if s.engine.is_shutting_down() {
         return Err(ApiError::new(
@@ -38,10 +49,13 @@ pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiE
 #[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let stats = s.engine.store().queue_stats().await?;
-    s.metrics.set_log_stats(&s.engine.store().commit_stats());
     s.metrics.set_endpoints(&s.engine.push().gauges());
     s.metrics.set_bridges(&s.engine.bridges().gauges());
-    let body = s.metrics.render(&stats, s.engine.clock().now().as_millis());
+    let body = s.metrics.render(
+        &stats,
+        &s.engine.store().metrics(),
+        s.engine.clock().now().as_millis(),
+    );
     Ok((
         [(
             header::CONTENT_TYPE,

@@ -374,7 +374,7 @@ pub async fn transition(
                 reason,
                 audit: Some(audit),
             },
-            s.engine.clock().now(),
+            Some(s.engine.clock().now()),
         )
         .await?;
     if to == TaskState::Running {

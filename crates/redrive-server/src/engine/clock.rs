@@ -1,7 +1,9 @@
 //! The engine's clock, injected so that tests drive time instead of sleeping.
 //!
 //! Every timestamp the engine hands the store (`now` of a publish, a lease, a tick …) and
-//! every wait of the scheduler comes from a [`Clock`]. Production uses [`SystemClock`];
+//! every wait of the scheduler comes from a [`Clock`]; with the system clock the engine
+//! hands the store no time at all ([`Clock::for_store`]), so a store with a clock of its
+//! own (a database) uses that. Production uses [`SystemClock`];
 //! tests use [`ManualClock`], which stands still until the test moves it, and wakes the
 //! scheduler when it does. Long-poll deadlines (`wait`) are request timeouts, not message
 //! times: they stay on tokio's timer (which `tokio::time::pause` controls).
@@ -23,6 +25,13 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
 
     /// Resolves once [`Clock::now`] has reached `at` (or later).
     fn sleep_until(&self, at: Timestamp) -> Sleep<'_>;
+
+    /// The `now` to hand the store's transitions: `None`, the store's own clock (the
+    /// database's on a shared store, so that every node of a cluster agrees, SPEC §13),
+    /// unless this clock is one a test drives, whose reading the store must use.
+    fn for_store(&self) -> Option<Timestamp> {
+        Some(self.now())
+    }
 }
 
 /// The system's wall clock.
@@ -32,6 +41,10 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         Timestamp::now()
+    }
+
+    fn for_store(&self) -> Option<Timestamp> {
+        None
     }
 
     fn sleep_until(&self, at: Timestamp) -> Sleep<'_> {

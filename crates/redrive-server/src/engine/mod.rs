@@ -158,6 +158,16 @@ impl Engine {
         scheduler::start(self)
     }
 
+    /// Wake up to `n` long polls waiting on `queue` (messages became ready elsewhere).
+    pub fn wake_queue(&self, queue: &str, n: usize) {
+        self.waiters.wake(queue, n.max(1));
+    }
+
+    /// Wake every long poll; each re-checks its queue.
+    pub fn wake_all(&self) {
+        self.waiters.wake_all();
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
@@ -205,7 +215,7 @@ impl Engine {
 
     /// Publish (all or nothing).
     pub async fn publish(&self, items: Vec<NewMessage>) -> Result<Vec<Published>, StoreError> {
-        let out = self.store.publish(items, self.clock.now()).await?;
+        let out = self.store.publish(items, self.clock.for_store()).await?;
         // Per queue (one, for an API request): messages published, and of them ready now.
         let mut per_queue: Vec<(&str, u64, usize)> = Vec::new();
         for p in &out {
@@ -256,7 +266,7 @@ impl Engine {
                 lease_ms,
                 max_bytes,
             };
-            let leased = self.store.lease(req, self.clock.now()).await?;
+            let leased = self.store.lease(req, self.clock.for_store()).await?;
             if !leased.is_empty() || wait_ms == 0 || self.is_shutting_down() {
                 for l in &leased {
                     self.metrics.leased(queue, l.lateness_ms);
@@ -283,7 +293,7 @@ impl Engine {
     /// Ack leases; one result per item.
     pub async fn ack(&self, items: Vec<Ack>) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
         let events: Vec<AckEvent> = items.iter().map(|a| a.event).collect();
-        let out = self.store.ack(items, self.clock.now()).await?;
+        let out = self.store.ack(items, self.clock.for_store()).await?;
         // A repeated ack (a retried request) changed nothing: count and wake only once.
         let acked = out
             .iter()
@@ -304,7 +314,7 @@ impl Engine {
         &self,
         items: Vec<Nack>,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
-        let out = self.store.nack(items, self.clock.now()).await?;
+        let out = self.store.nack(items, self.clock.for_store()).await?;
         for f in out.iter().flatten() {
             self.after_failure(f, "nacked");
         }
@@ -339,7 +349,7 @@ impl Engine {
         items: Vec<Release>,
     ) -> Result<Vec<Result<Message, StoreError>>, StoreError> {
         let by: Vec<ReleaseBy> = items.iter().map(|r| r.by).collect();
-        let out = self.store.release(items, self.clock.now()).await?;
+        let out = self.store.release(items, self.clock.for_store()).await?;
         Ok(out
             .into_iter()
             .zip(by)
@@ -381,7 +391,7 @@ impl Engine {
         &self,
         items: Vec<Returned>,
     ) -> Result<Vec<Result<Option<FailureOutcome>, StoreError>>, StoreError> {
-        let out = self.store.returned(items, self.clock.now()).await?;
+        let out = self.store.returned(items, self.clock.for_store()).await?;
         for f in out.iter().flatten().flatten() {
             self.after_failure(f, "returned");
         }
@@ -390,7 +400,9 @@ impl Engine {
 
     /// Extend a lease.
     pub async fn extend(&self, lease: LeaseRef, by_ms: u64) -> Result<Timestamp, StoreError> {
-        self.store.extend(lease, by_ms, self.clock.now()).await
+        self.store
+            .extend(lease, by_ms, self.clock.for_store())
+            .await
     }
 
     /// Redrive a dead or scheduled message; with `payload`, replace its payload first.
@@ -401,7 +413,7 @@ impl Engine {
     ) -> Result<Message, StoreError> {
         let m = self
             .store
-            .redrive_with(id, payload, self.clock.now())
+            .redrive_with(id, payload, self.clock.for_store())
             .await?;
         self.acted(TaskAction::Redrive, &m.queue, m.key.is_some());
         Ok(m)
@@ -409,7 +421,7 @@ impl Engine {
 
     /// Kill a message.
     pub async fn kill(&self, id: MessageId, reason: Option<String>) -> Result<Message, StoreError> {
-        let m = self.store.kill(id, reason, self.clock.now()).await?;
+        let m = self.store.kill(id, reason, self.clock.for_store()).await?;
         self.acted(TaskAction::Kill, &m.queue, m.key.is_some());
         Ok(m)
     }
@@ -465,14 +477,14 @@ impl Engine {
     /// returned: the action itself has already committed.
     pub async fn audit(&self, entry: NewAudit) {
         let action = entry.action.clone();
-        if let Err(e) = self.store.audit(entry, self.clock.now()).await {
+        if let Err(e) = self.store.audit(entry, self.clock.for_store()).await {
             tracing::error!(error = %e, %action, "cannot record an operator action in the audit log");
         }
     }
 
     /// One scheduler step (see [`scheduler`]).
     pub async fn tick(&self, now: Timestamp) -> Result<(), StoreError> {
-        let t = self.store.tick(now).await?;
+        let t = self.store.tick(Some(now)).await?;
         for f in &t.expired {
             self.after_failure(f, "lease_expired");
         }
@@ -488,7 +500,10 @@ impl Engine {
 
     /// One purge step; returns whether more is left to purge.
     pub async fn purge(&self, now: Timestamp) -> Result<bool, StoreError> {
-        let p = self.store.purge(now, self.config.done_retention_ms).await?;
+        let p = self
+            .store
+            .purge(Some(now), self.config.done_retention_ms)
+            .await?;
         let mut total = 0;
         for (q, n) in &p.done_deleted {
             self.metrics.purged(q, *n);

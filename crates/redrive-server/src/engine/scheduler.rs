@@ -54,12 +54,16 @@ pub fn start(engine: Arc<Engine>) -> Background {
         engine.clone(),
         stop_rx.clone(),
     )));
+    tasks.push(tokio::spawn(ready_elsewhere_loop(
+        engine.clone(),
+        stop_rx.clone(),
+    )));
     tasks.push(tokio::spawn(purge_loop(engine, stop_rx)));
     Background { stop, tasks }
 }
 
 async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
-    let mut hint = engine.store().wake_hint();
+    let mut hint = engine.store().notifier().due();
     let mut last_tick = std::time::Instant::now() - MIN_TICK_INTERVAL;
     let clock = engine.clock().clone();
     loop {
@@ -102,6 +106,23 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                     _ = stop.changed() => return,
                 }
             }
+        }
+    }
+}
+
+/// Wake the long polls of a queue in which another process sharing the store made
+/// messages ready ([`redrive_storage::Notifier::ready`]; the embedded store never sends).
+async fn ready_elsewhere_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut ready = engine.store().notifier().ready();
+    loop {
+        tokio::select! {
+            r = ready.recv() => match r {
+                Ok(n) => engine.wake_queue(&n.queue, n.count as usize),
+                // Missed notices: wake everyone once, each re-checks its queue.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => engine.wake_all(),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            _ = stop.changed() => return,
         }
     }
 }

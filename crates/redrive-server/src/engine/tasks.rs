@@ -212,7 +212,7 @@ async fn step(
                 next_cursor: page.next_cursor.clone(),
                 kill_reason: plan.kill_reason.clone(),
             },
-            engine.clock().now(),
+            engine.clock().for_store(),
         )
         .await?;
     if !out.ran {
@@ -308,7 +308,7 @@ async fn check_outcomes(
                     reason: Some(reason),
                     audit: Some(audit),
                 },
-                engine.clock().now(),
+                engine.clock().for_store(),
             )
             .await
         {

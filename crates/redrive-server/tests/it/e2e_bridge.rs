@@ -1328,7 +1328,7 @@ async fn intake_markers(s: &TestServer, queue: &str) -> Vec<(String, redrive_cor
             queue.to_owned(),
             "amqp:orders:".to_owned(),
             100,
-            s.engine.clock().now(),
+            Some(s.engine.clock().now()),
         )
         .await
         .unwrap()

@@ -46,7 +46,7 @@ pub async fn ack_retried_with_same_token_succeeds<S: Store>(s: Arc<S>) {
 
 pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
     let items: Vec<NewMessage> = (0..3).map(|i| msg(Q, json!(i))).collect();
-    s.publish(items, at(0)).await.expect("publish");
+    s.publish(items, Some(at(0))).await.expect("publish");
     let ls = lease(&*s, Q, 3, 30_000, at(0)).await;
     assert_eq!(ls.len(), 3);
     let (a, b, c) = (&ls[0], &ls[1], &ls[2]);
@@ -57,7 +57,7 @@ pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
                 lref(b.message.id, "bogus").into(),
                 lref(c.message.id, &c.token).into(),
             ],
-            at(1),
+            Some(at(1)),
         )
         .await
         .expect("batch ack");
@@ -98,7 +98,7 @@ pub async fn batch_ack_nack_answer_per_item<S: Store>(s: Arc<S>) {
                     failure: failure(ErrorClass::Transient, "x"),
                 },
             ],
-            at(2),
+            Some(at(2)),
         )
         .await
         .expect("batch nack");
@@ -440,7 +440,7 @@ pub async fn rate_limited_retry_after_zero_waits_policy_delay_then_counts<S: Sto
     let dead = get(&*s, m.id).await;
     assert_eq!(dead.attempts, MAX_RATE_LIMITED + MAX_ATTEMPTS);
     // A redrive gives a fresh budget of uncharged rate limits too.
-    s.redrive(m.id, at(now + 1)).await.expect("redrive");
+    s.redrive(m.id, Some(at(now + 1))).await.expect("redrive");
     for n in 1..=MAX_RATE_LIMITED {
         let t = now + 1 + (n as i64 - 1) * RETRY_DELAY_MS as i64;
         tick(&*s, at(t)).await;
@@ -477,7 +477,7 @@ pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
                 response: Some(response(Some(503), "busy")),
                 waited: Vec::new(),
             }],
-            at(5),
+            Some(at(5)),
         )
         .await
         .expect("nack")
@@ -493,7 +493,7 @@ pub async fn responses_are_kept_in_history<S: Store>(s: Arc<S>) {
             event: crate::AckEvent::Acked,
             waited: Vec::new(),
         }],
-        at(2_000),
+        Some(at(2_000)),
     )
     .await
     .expect("ack")
@@ -623,7 +623,7 @@ pub async fn wait_notes_are_one_entry_per_episode_before_the_attempt<S: Store>(s
                     by: crate::ReleaseBy::Redrive,
                     waited: vec![budget(t)],
                 }],
-                at(t),
+                Some(at(t)),
             )
             .await
             .expect("release request")
@@ -646,7 +646,7 @@ pub async fn wait_notes_are_one_entry_per_episode_before_the_attempt<S: Store>(s
             response: None,
             waited: vec![breaker, budget(t)],
         }],
-        at(t + 1),
+        Some(at(t + 1)),
     )
     .await
     .expect("nack request")
@@ -691,7 +691,7 @@ pub async fn wait_notes_are_one_entry_per_episode_before_the_attempt<S: Store>(s
                 event: crate::AckEvent::Acked,
                 waited: vec![note],
             }],
-            at(10_001),
+            Some(at(10_001)),
         )
         .await
         .expect("ack request")
@@ -743,7 +743,7 @@ async fn release_by<S: Store>(
             by,
             waited: Vec::new(),
         }],
-        now,
+        Some(now),
     )
     .await
     .expect("release request")
@@ -785,7 +785,7 @@ pub async fn late_calls_after_a_settled_lease_say_how<S: Store>(s: Arc<S>) {
         Settled::Acked,
     );
     expect_settled(
-        s.extend(lref(a.id, &la.token), 10_000, at(2)).await,
+        s.extend(lref(a.id, &la.token), 10_000, Some(at(2))).await,
         "extend after ack",
         Settled::Acked,
     );
@@ -817,7 +817,7 @@ pub async fn late_calls_after_a_settled_lease_say_how<S: Store>(s: Arc<S>) {
         Settled::Nacked,
     );
     expect_settled(
-        s.extend(lref(b.id, &lb.token), 10_000, at(12)).await,
+        s.extend(lref(b.id, &lb.token), 10_000, Some(at(12))).await,
         "extend after nack",
         Settled::Nacked,
     );
@@ -908,7 +908,7 @@ pub async fn ack_after_real_expiry_is_lease_expired<S: Store>(s: Arc<S>) {
         is_expired,
     );
     expect_err(
-        s.extend(lref(m.id, &l.token), 1_000, at(1_600)).await,
+        s.extend(lref(m.id, &l.token), 1_000, Some(at(1_600))).await,
         "extend after the reaper",
         is_expired,
     );
@@ -917,7 +917,7 @@ pub async fn ack_after_real_expiry_is_lease_expired<S: Store>(s: Arc<S>) {
 /// A batch answers each item with its own reason: settled (and how), expired, mismatch.
 pub async fn batch_items_say_how_a_lease_was_settled<S: Store>(s: Arc<S>) {
     let items: Vec<NewMessage> = (0..4).map(|i| msg(Q, json!(i))).collect();
-    s.publish(items, at(0)).await.expect("publish");
+    s.publish(items, Some(at(0))).await.expect("publish");
     let ls = lease(&*s, Q, 4, 30_000, at(0)).await;
     let (a, b, c, d) = (&ls[0], &ls[1], &ls[2], &ls[3]);
     ack(&*s, a.message.id, &a.token, at(1))
@@ -950,7 +950,7 @@ pub async fn batch_items_say_how_a_lease_was_settled<S: Store>(s: Arc<S>) {
                 lref(d.message.id, &d.token).into(),
                 lref(a.message.id, "bogus").into(),
             ],
-            at(2),
+            Some(at(2)),
         )
         .await
         .expect("batch ack");
@@ -982,7 +982,7 @@ pub async fn batch_items_say_how_a_lease_was_settled<S: Store>(s: Arc<S>) {
                     failure: failure(ErrorClass::Transient, "x"),
                 },
             ],
-            at(3),
+            Some(at(3)),
         )
         .await
         .expect("batch nack");
@@ -1134,8 +1134,8 @@ pub async fn redrive_renews_the_release_bound<S: Store>(s: Arc<S>) {
         release_by(&*s, m.id, &l.token, at(now), ReleaseBy::Consumer, at(now)).await,
         Ok(Released::Charged(_))
     ));
-    s.kill(m.id, None, at(now)).await.expect("kill");
-    s.redrive(m.id, at(now)).await.expect("redrive");
+    s.kill(m.id, None, Some(at(now))).await.expect("kill");
+    s.redrive(m.id, Some(at(now))).await.expect("redrive");
     let l = lease_one(&*s, Q, m.id, 30_000, at(now)).await;
     assert!(
         matches!(
@@ -1158,7 +1158,7 @@ async fn return_one<S: Store>(
             attempt,
             failure: failure(ErrorClass::Transient, "rejected by the consumer"),
         }],
-        now,
+        Some(now),
     )
     .await
     .expect("returned request")
@@ -1218,7 +1218,7 @@ pub async fn republished_ack_is_recorded_as_republished<S: Store>(s: Arc<S>) {
         let s = s.clone();
         let token = l.token.clone();
         async move {
-            s.ack(vec![Ack::republished(lref(m.id, &token))], at(at_ms))
+            s.ack(vec![Ack::republished(lref(m.id, &token))], Some(at(at_ms)))
                 .await
                 .expect("ack")
                 .remove(0)

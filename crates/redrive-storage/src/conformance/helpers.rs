@@ -25,7 +25,7 @@ pub(crate) fn failure(class: ErrorClass, text: &str) -> Failure {
 
 pub(crate) async fn publish<S: Store>(s: &S, m: NewMessage, now: Timestamp) -> Message {
     let mut out = s
-        .publish(vec![m], now)
+        .publish(vec![m], Some(now))
         .await
         .expect("publish of one item failed");
     assert_eq!(
@@ -54,7 +54,7 @@ pub(crate) async fn lease<S: Store>(
                 lease_ms,
                 max_bytes: None,
             },
-            now,
+            Some(now),
         )
         .await
         .expect("lease failed");
@@ -114,7 +114,7 @@ pub(crate) async fn ack<S: Store>(
     now: Timestamp,
 ) -> Result<Acked, StoreError> {
     let mut r = s
-        .ack(vec![lref(id, token).into()], now)
+        .ack(vec![lref(id, token).into()], Some(now))
         .await
         .expect("ack request failed as a whole");
     assert_eq!(r.len(), 1, "ack of one item answered {} items", r.len());
@@ -136,7 +136,7 @@ pub(crate) async fn nack<S: Store>(
                 response: None,
                 waited: Vec::new(),
             }],
-            now,
+            Some(now),
         )
         .await
         .expect("nack request failed as a whole");
@@ -164,7 +164,7 @@ pub(crate) async fn count<S: Store>(s: &S, queue: &str, state: State) -> u64 {
 }
 
 pub(crate) async fn tick<S: Store>(s: &S, now: Timestamp) -> crate::TickOutcome {
-    s.tick(now).await.expect("tick failed")
+    s.tick(Some(now)).await.expect("tick failed")
 }
 
 pub(crate) fn ids(leased: &[Leased]) -> Vec<MessageId> {

@@ -7,7 +7,7 @@ pub async fn idempotent_publish_replays_original<S: Store>(s: Arc<S>) {
     let orig = publish(&*s, with_ikey(Q, "order-1", json!({"a": 1})), at(0)).await;
     assert_eq!(orig.idempotency_key.as_deref(), Some("order-1"));
     let r = s
-        .publish(vec![with_ikey(Q, "order-1", json!({"a": 1}))], at(10))
+        .publish(vec![with_ikey(Q, "order-1", json!({"a": 1}))], Some(at(10)))
         .await
         .expect("replay");
     assert!(
@@ -31,7 +31,7 @@ pub async fn idempotent_publish_replays_original<S: Store>(s: Arc<S>) {
     )
     .await;
     let r = s
-        .publish(vec![with_ikey(Q, "order-2", reordered)], at(12))
+        .publish(vec![with_ikey(Q, "order-2", reordered)], Some(at(12)))
         .await
         .expect("replay");
     assert!(
@@ -40,7 +40,7 @@ pub async fn idempotent_publish_replays_original<S: Store>(s: Arc<S>) {
     );
     s.delete(k2.id).await.expect("delete");
     match s
-        .publish(vec![with_ikey(Q, "order-1", json!({"a": 2}))], at(20))
+        .publish(vec![with_ikey(Q, "order-1", json!({"a": 2}))], Some(at(20)))
         .await
     {
         Err(StoreError::IdempotencyConflict { index, key }) => {
@@ -56,7 +56,7 @@ pub async fn idempotent_publish_replays_original<S: Store>(s: Arc<S>) {
     let l = lease_one(&*s, Q, orig.id, 30_000, at(40)).await;
     ack(&*s, orig.id, &l.token, at(41)).await.expect("ack");
     let r = s
-        .publish(vec![with_ikey(Q, "order-1", json!({"a": 1}))], at(50))
+        .publish(vec![with_ikey(Q, "order-1", json!({"a": 1}))], Some(at(50)))
         .await
         .expect("replay");
     assert!(r[0].replayed);
@@ -83,7 +83,7 @@ pub async fn idempotency_conflict_writes_nothing<S: Store>(s: Arc<S>) {
         with_ikey(Q, "k2", json!("b")),
         with_ikey(Q, "k", json!(2)),
     ];
-    match s.publish(batch, at(10)).await {
+    match s.publish(batch, Some(at(10))).await {
         Err(StoreError::IdempotencyConflict { index, key }) => {
             assert_eq!(index, 2, "the conflict names the batch index");
             assert_eq!(key, "k");
@@ -108,7 +108,7 @@ pub async fn idempotency_conflict_writes_nothing<S: Store>(s: Arc<S>) {
     publish(&*s, with_ikey(Q, "k2", json!("other payload")), at(20)).await;
     // Two items of one batch with one new key and different payloads conflict too.
     let batch = vec![with_ikey(Q, "k3", json!(1)), with_ikey(Q, "k3", json!(2))];
-    match s.publish(batch, at(30)).await {
+    match s.publish(batch, Some(at(30))).await {
         Err(StoreError::IdempotencyConflict { index, .. }) => assert_eq!(index, 1),
         other => panic!("a batch conflicting with itself: {other:?}"),
     }
@@ -117,7 +117,7 @@ pub async fn idempotency_conflict_writes_nothing<S: Store>(s: Arc<S>) {
     let r = s
         .publish(
             vec![with_ikey(Q, "k", json!(1)), msg(Q, json!("new"))],
-            at(50),
+            Some(at(50)),
         )
         .await
         .expect("batch");
@@ -134,11 +134,14 @@ pub async fn idempotency_key_reusable_after_window<S: Store>(s: Arc<S>) {
     let w = IDEMPOTENCY_WINDOW_MS as i64;
     let orig = publish(&*s, with_ikey(Q, "w", json!(1)), at(0)).await;
     let r = s
-        .publish(vec![with_ikey(Q, "w", json!(1))], at(w - 1))
+        .publish(vec![with_ikey(Q, "w", json!(1))], Some(at(w - 1)))
         .await
         .expect("replay");
     assert!(r[0].replayed, "the key is forgotten before the window ends");
-    let purged = s.purge(at(w + 1), 24 * 3_600_000).await.expect("purge");
+    let purged = s
+        .purge(Some(at(w + 1)), 24 * 3_600_000)
+        .await
+        .expect("purge");
     assert!(
         purged.idempotency_deleted >= 1,
         "purge kept an expired idempotency record"
@@ -154,7 +157,7 @@ pub async fn idempotency_key_reusable_after_window<S: Store>(s: Arc<S>) {
         "the old message is untouched"
     );
     let r = s
-        .publish(vec![with_ikey(Q, "w", json!(2))], at(w + 2))
+        .publish(vec![with_ikey(Q, "w", json!(2))], Some(at(w + 2)))
         .await
         .expect("replay");
     assert!(
@@ -176,7 +179,7 @@ pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>)
     let l = lease_one(&*s, Q, orig.id, 30_000, at(5)).await;
     ack(&*s, orig.id, &l.token, at(10)).await.expect("ack");
     // done_retention 1 s, well inside the 60 s window.
-    let purged = s.purge(at(20_000), 1_000).await.expect("purge");
+    let purged = s.purge(Some(at(20_000)), 1_000).await.expect("purge");
     assert_eq!(
         purged.done_deleted,
         vec![(Q.to_owned(), 1)],
@@ -185,7 +188,10 @@ pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>)
     assert_eq!(purged.idempotency_deleted, 0, "the key is kept");
     assert!(s.get(orig.id).await.expect("get").is_none(), "purged");
     for t in [30_000, 50_000] {
-        let r = s.publish(vec![m.clone()], at(t)).await.expect("replay");
+        let r = s
+            .publish(vec![m.clone()], Some(at(t)))
+            .await
+            .expect("replay");
         assert!(r[0].replayed, "at {t}: a replay after the purge is not one");
         let got = &r[0].message;
         assert_eq!(got.id, orig.id, "at {t}: a new message, not the original");
@@ -203,7 +209,7 @@ pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>)
         assert_eq!(got.priority, 3);
         assert_eq!(got.idempotency_key.as_deref(), Some("pay-1"));
         // A later purge inside the window keeps what the key knows.
-        let p = s.purge(at(t + 1), 1_000).await.expect("purge");
+        let p = s.purge(Some(at(t + 1)), 1_000).await.expect("purge");
         assert_eq!(
             p.idempotency_deleted, 0,
             "at {t}: the key is forgotten early"
@@ -222,7 +228,7 @@ pub async fn idempotent_replay_after_purge_returns_original<S: Store>(s: Arc<S>)
     match s
         .publish(
             vec![with_ikey(Q, "pay-1", json!({"amount": 11}))],
-            at(41_000),
+            Some(at(41_000)),
         )
         .await
     {
@@ -254,7 +260,7 @@ pub async fn idempotency_keys_by_prefix_lists_live_keys_only<S: Store>(s: Arc<S>
     let keys = |limit| {
         let s = s.clone();
         async move {
-            s.idempotency_keys(Q.to_owned(), "in:a:".to_owned(), limit, at(w + 1))
+            s.idempotency_keys(Q.to_owned(), "in:a:".to_owned(), limit, Some(at(w + 1)))
                 .await
                 .expect("idempotency_keys")
         }
@@ -266,7 +272,7 @@ pub async fn idempotency_keys_by_prefix_lists_live_keys_only<S: Store>(s: Arc<S>
     );
     assert_eq!(keys(1).await, vec![("in:a:1".to_owned(), a.id)], "limit");
     let before_expiry = s
-        .idempotency_keys(Q.to_owned(), "in:a:".to_owned(), 10, at(w - 1))
+        .idempotency_keys(Q.to_owned(), "in:a:".to_owned(), 10, Some(at(w - 1)))
         .await
         .expect("idempotency_keys");
     assert_eq!(
@@ -293,7 +299,7 @@ pub async fn forgotten_idempotency_key_publishes_a_new_message<S: Store>(s: Arc<
         .expect("forget");
     assert_eq!(n, 1, "one key was known");
     let again = s
-        .publish(vec![with_ikey(Q, "marker", json!({"a": 1}))], at(10))
+        .publish(vec![with_ikey(Q, "marker", json!({"a": 1}))], Some(at(10)))
         .await
         .expect("publish");
     assert!(!again[0].replayed, "a forgotten key replayed its message");
@@ -306,7 +312,10 @@ pub async fn forgotten_idempotency_key_publishes_a_new_message<S: Store>(s: Arc<
     );
     // Another queue's key of the same name is still remembered.
     let r = s
-        .publish(vec![with_ikey(OTHER, "marker", json!({"a": 1}))], at(20))
+        .publish(
+            vec![with_ikey(OTHER, "marker", json!({"a": 1}))],
+            Some(at(20)),
+        )
         .await
         .expect("publish");
     assert!(r[0].replayed && r[0].message.id == other.id);

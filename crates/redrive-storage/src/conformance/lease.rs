@@ -26,7 +26,7 @@ pub async fn lease_order_is_priority_then_due_then_age<S: Store>(s: Arc<S>) {
     )
     .await;
     let batch = s
-        .publish(vec![msg(Q, json!(4)), msg(Q, json!(5))], at(300))
+        .publish(vec![msg(Q, json!(4)), msg(Q, json!(5))], Some(at(300)))
         .await
         .expect("publish batch");
     let (m4, m5) = (batch[0].message.id, batch[1].message.id);
@@ -51,7 +51,7 @@ pub async fn lease_respects_max_and_empty_queue<S: Store>(s: Arc<S>) {
         "lease of an empty queue"
     );
     let items: Vec<NewMessage> = (0..5).map(|i| msg(Q, json!(i))).collect();
-    let published = s.publish(items, at(0)).await.expect("publish batch");
+    let published = s.publish(items, Some(at(0))).await.expect("publish batch");
     assert_eq!(published.len(), 5);
     publish(&*s, msg(OTHER, json!("other")), at(0)).await;
     let a = lease(&*s, Q, 3, 30_000, at(1)).await;
@@ -94,7 +94,7 @@ pub async fn wrong_token_is_lease_mismatch<S: Store>(s: Arc<S>) {
         is_mismatch,
     );
     expect_err(
-        s.extend(lref(m.id, "bogus"), 10_000, at(1)).await,
+        s.extend(lref(m.id, "bogus"), 10_000, Some(at(1))).await,
         "extend with a wrong token",
         is_mismatch,
     );
@@ -144,7 +144,8 @@ pub async fn expired_lease_is_refused<S: Store>(s: Arc<S>) {
         is_expired,
     );
     expect_err(
-        s.extend(lref(m.id, &l.token), 10_000, at(1_000)).await,
+        s.extend(lref(m.id, &l.token), 10_000, Some(at(1_000)))
+            .await,
         "extend at lease expiry",
         is_expired,
     );
@@ -174,13 +175,13 @@ pub async fn extend_moves_expiry<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 1_000, at(0)).await;
     let e = s
-        .extend(lref(m.id, &l.token), 5_000, at(500))
+        .extend(lref(m.id, &l.token), 5_000, Some(at(500)))
         .await
         .expect("extend");
     assert_eq!(e, at(5_500), "extend sets expiry to now + by");
     assert_eq!(get(&*s, m.id).await.lease_expires_at, Some(at(5_500)));
     let e = s
-        .extend(lref(m.id, &l.token), 10, at(600))
+        .extend(lref(m.id, &l.token), 10, Some(at(600)))
         .await
         .expect("extend");
     assert_eq!(e, at(5_500), "extend never shortens a lease");
@@ -229,7 +230,7 @@ pub async fn lease_max_attempts_is_the_last_try<S: Store>(s: Arc<S>) {
         now += RETRY_DELAY_MS as i64;
     }
     // A redrive: attempt 4 is the first of a fresh budget of 3, so 6 is the last try.
-    s.redrive(m.id, at(now)).await.expect("redrive");
+    s.redrive(m.id, Some(at(now))).await.expect("redrive");
     let l = lease_at(now).await;
     assert_eq!((l.attempt, l.max_attempts), (4, 6));
     // An uncharged rate limit moves the last try one further.

@@ -10,10 +10,13 @@
 //! Each case gets its own store and runtime, and the store is closed after it.
 //!
 //! The cases live in one file per area: [`publish`], [`idempotency`], [`lease`],
-//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`].
+//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`]; and
+//! [`shared`], the shared-handles area (two stores on one database), for the backends
+//! several processes share, with its own macro
+//! [`conformance_shared_tests!`](crate::conformance_shared_tests).
 //!
-//! Time is explicit: every transition takes `now`, so the cases drive a fake
-//! clock from [`T0`] and never sleep. The catalog's policies are deterministic
+//! Time is explicit: every transition takes `now` (always `Some` here), so the cases
+//! drive a fake clock from [`T0`] and never sleep. The catalog's policies are deterministic
 //! (fixed 1 s backoff, no jitter, 3 attempts), so every delay is exact.
 //!
 //! ```ignore
@@ -48,6 +51,7 @@ pub mod operator;
 pub mod ordering;
 pub mod publish;
 pub mod search;
+pub mod shared;
 pub mod tasks;
 pub mod tick_purge;
 

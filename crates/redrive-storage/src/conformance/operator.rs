@@ -7,7 +7,7 @@ pub async fn redrive_dead_gives_fresh_budget<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     lease_and_nack(&*s, Q, m.id, failure(ErrorClass::Permanent, "bad"), at(0)).await;
     let r = s
-        .redrive(m.id, at(100))
+        .redrive(m.id, Some(at(100)))
         .await
         .expect("redrive of a dead message");
     assert_eq!(r.state, State::Ready);
@@ -83,7 +83,7 @@ pub async fn redrive_needs_dead_or_scheduled<S: Store>(s: Arc<S>) {
     )
     .await;
     let r = s
-        .redrive(sch.id, at(10))
+        .redrive(sch.id, Some(at(10)))
         .await
         .expect("redrive of a scheduled message");
     assert_eq!(r.state, State::Ready);
@@ -99,7 +99,7 @@ pub async fn redrive_needs_dead_or_scheduled<S: Store>(s: Arc<S>) {
         (leased.id, State::Leased),
         (done.id, State::Done),
     ] {
-        match s.redrive(id, at(4)).await {
+        match s.redrive(id, Some(at(4))).await {
             Err(StoreError::InvalidState { state, .. }) => assert_eq!(state, st),
             other => panic!("redrive of a {} message: {other:?}", st.as_str()),
         }
@@ -126,7 +126,7 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
     .await;
     for id in [s_msg.id, r_msg.id, l_msg.id] {
         let k = s
-            .kill(id, Some("poison".into()), at(10))
+            .kill(id, Some("poison".into()), Some(at(10)))
             .await
             .expect("kill");
         assert_eq!(k.state, State::Dead);
@@ -151,7 +151,7 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
         lease(&*s, Q, 10, 30_000, at(9_000)).await.is_empty(),
         "a killed message was leased"
     );
-    match s.kill(s_msg.id, None, at(20)).await {
+    match s.kill(s_msg.id, None, Some(at(20))).await {
         Err(StoreError::InvalidState {
             state: State::Dead, ..
         }) => {}
@@ -160,7 +160,7 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
     let d = publish(&*s, msg(OTHER, json!("done")), at(0)).await;
     let l = lease_one(&*s, OTHER, d.id, 30_000, at(0)).await;
     ack(&*s, d.id, &l.token, at(1)).await.expect("ack");
-    match s.kill(d.id, None, at(20)).await {
+    match s.kill(d.id, None, Some(at(20))).await {
         Err(StoreError::InvalidState {
             state: State::Done, ..
         }) => {}
@@ -168,7 +168,7 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
     }
     assert_eq!(get(&*s, d.id).await.state, State::Done);
     let r = s
-        .redrive(r_msg.id, at(30))
+        .redrive(r_msg.id, Some(at(30)))
         .await
         .expect("redrive of a killed message");
     assert_eq!(r.state, State::Ready);
@@ -179,7 +179,7 @@ pub async fn kill_makes_dead_killed<S: Store>(s: Arc<S>) {
 pub async fn killed_lease_token_is_lease_settled_killed<S: Store>(s: Arc<S>) {
     let m = publish(&*s, msg(Q, json!("x")), at(0)).await;
     let l = lease_one(&*s, Q, m.id, 30_000, at(0)).await;
-    s.kill(m.id, None, at(1))
+    s.kill(m.id, None, Some(at(1)))
         .await
         .expect("kill of a leased message");
     let killed = |e: &StoreError| matches!(e, StoreError::LeaseSettled(Settled::Killed));
@@ -201,7 +201,7 @@ pub async fn killed_lease_token_is_lease_settled_killed<S: Store>(s: Arc<S>) {
         killed,
     );
     expect_err(
-        s.extend(lref(m.id, &l.token), 1_000, at(2)).await,
+        s.extend(lref(m.id, &l.token), 1_000, Some(at(2))).await,
         "extend of a killed message",
         killed,
     );
@@ -250,7 +250,7 @@ pub async fn delete_removes_message<S: Store>(s: Arc<S>) {
     let again = publish(&*s, with_ikey(Q, "ik", json!(2)), at(2)).await;
     assert_ne!(again.id, m.id);
     let dead = publish(&*s, msg(Q, json!("dead")), at(3)).await;
-    s.kill(dead.id, None, at(3)).await.expect("kill");
+    s.kill(dead.id, None, Some(at(3))).await.expect("kill");
     s.delete(dead.id).await.expect("delete of a dead message");
     assert_eq!(count(&*s, Q, State::Dead).await, 0);
     assert_eq!(count(&*s, Q, State::Ready).await, 1);
@@ -267,12 +267,12 @@ pub async fn unknown_id_is_not_found<S: Store>(s: Arc<S>) {
         is_not_found,
     );
     expect_err(
-        s.extend(lref(id, "t"), 1, at(1)).await,
+        s.extend(lref(id, "t"), 1, Some(at(1))).await,
         "extend",
         is_not_found,
     );
-    expect_err(s.redrive(id, at(1)).await, "redrive", is_not_found);
-    expect_err(s.kill(id, None, at(1)).await, "kill", is_not_found);
+    expect_err(s.redrive(id, Some(at(1))).await, "redrive", is_not_found);
+    expect_err(s.kill(id, None, Some(at(1))).await, "kill", is_not_found);
     expect_err(s.delete(id).await, "delete", is_not_found);
 }
 
@@ -307,7 +307,7 @@ pub async fn redrive_restarts_max_age_window<S: Store>(s: Arc<S>) {
     );
     // A day later the operator redrives it: far past created_at + max_age.
     let day = 24 * 3_600_000;
-    let r = s.redrive(m.id, at(day)).await.expect("redrive");
+    let r = s.redrive(m.id, Some(at(day))).await.expect("redrive");
     assert_eq!(r.state, State::Ready);
     assert_eq!(r.created_at, at(0), "a redrive keeps the publish time");
     let f = lease_and_nack(

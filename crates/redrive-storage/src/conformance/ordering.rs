@@ -112,7 +112,7 @@ pub async fn key_ordering_on_dead_block_holds_key<S: Store>(s: Arc<S>) {
         "another key is not blocked"
     );
     // Redrive releases the block: k1 first, then k2.
-    s.redrive(k1.id, at(4)).await.expect("redrive");
+    s.redrive(k1.id, Some(at(4))).await.expect("redrive");
     let l1 = lease(&*s, q, 10, 30_000, at(4)).await;
     assert_eq!(
         ids(&l1),
@@ -127,7 +127,7 @@ pub async fn key_ordering_on_dead_block_holds_key<S: Store>(s: Arc<S>) {
     let k3 = publish(&*s, keyed(q, "k", 3), at(7)).await;
     let k4 = publish(&*s, keyed(q, "k", 4), at(7)).await;
     lease_one(&*s, q, k3.id, 30_000, at(7)).await;
-    s.kill(k3.id, None, at(8)).await.expect("kill");
+    s.kill(k3.id, None, Some(at(8))).await.expect("kill");
     assert!(
         lease(&*s, q, 10, 30_000, at(8)).await.is_empty(),
         "k4 leased behind killed k3"
@@ -154,7 +154,7 @@ pub async fn key_ordering_one_lease_per_key_after_redrive<S: Store>(s: Arc<S>) {
     )
     .await;
     let l2 = lease_one(&*s, ORDERED, k2.id, 30_000, at(1)).await;
-    s.redrive(k1.id, at(2)).await.expect("redrive");
+    s.redrive(k1.id, Some(at(2))).await.expect("redrive");
     let l = lease(&*s, ORDERED, 10, 30_000, at(3)).await;
     assert!(
         l.is_empty(),

@@ -70,7 +70,7 @@ pub async fn publish_with_failure_is_first_attempt<S: Store>(s: Arc<S>) {
                 failed: Some(failure(ErrorClass::Transient, "seen elsewhere")),
                 ..msg(Q, json!("t"))
             }],
-            at(0),
+            Some(at(0)),
         )
         .await
         .expect("publish");
@@ -133,7 +133,7 @@ pub async fn publish_with_failure_is_first_attempt<S: Store>(s: Arc<S>) {
                     ..msg(OTHER, json!("r"))
                 },
             ],
-            at(0),
+            Some(at(0)),
         )
         .await
         .expect("publish");

@@ -222,8 +222,8 @@ pub async fn search_by_finished_time<S: Store>(s: Arc<S>) {
         at(3_000),
     )
     .await;
-    s.redrive(e.id, at(3_500)).await.expect("redrive");
-    s.kill(f.id, Some("by hand".into()), at(4_000))
+    s.redrive(e.id, Some(at(3_500))).await.expect("redrive");
+    s.kill(f.id, Some("by hand".into()), Some(at(4_000)))
         .await
         .expect("kill");
     for (m, want) in [
@@ -339,7 +339,7 @@ pub async fn search_by_fingerprint<S: Store>(s: Arc<S>) {
     .await;
     assert_eq!(retrying.state, State::Scheduled);
     let killed = publish(&*s, msg(OTHER, json!("killed")), at(8)).await;
-    s.kill(killed.id, None, at(9)).await.expect("kill");
+    s.kill(killed.id, None, Some(at(9))).await.expect("kill");
     let fresh = publish(&*s, msg(OTHER, json!("never failed")), at(10)).await;
 
     let all = s

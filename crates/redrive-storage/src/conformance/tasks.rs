@@ -50,7 +50,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
         .await
         .expect("create");
     // One message is no longer dead when the step reaches it: refused, counted failed.
-    s.redrive(ids[2], at(1)).await.expect("redrive");
+    s.redrive(ids[2], Some(at(1))).await.expect("redrive");
     let out = s
         .task_step(
             TaskStep {
@@ -59,7 +59,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 next_cursor: Some("c1".into()),
                 kill_reason: None,
             },
-            at(2),
+            Some(at(2)),
         )
         .await
         .expect("step");
@@ -88,7 +88,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 next_cursor: None,
                 kill_reason: None,
             },
-            at(3),
+            Some(at(3)),
         )
         .await
         .expect("last step");
@@ -116,7 +116,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 reason: None,
                 audit: Some(audit("task.pause", 0)),
             },
-            at(1),
+            Some(at(1)),
         )
         .await
         .expect("pause");
@@ -129,7 +129,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 next_cursor: None,
                 kill_reason: None,
             },
-            at(2),
+            Some(at(2)),
         )
         .await
         .expect("step");
@@ -148,7 +148,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 reason: None,
                 audit: None,
             },
-            at(3),
+            Some(at(3)),
         )
         .await;
     assert!(
@@ -171,7 +171,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 reason: Some("not needed".into()),
                 audit: None,
             },
-            at(4),
+            Some(at(4)),
         )
         .await
         .expect("cancel");
@@ -187,7 +187,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 reason: None,
                 audit: None,
             },
-            at(5),
+            Some(at(5)),
         )
         .await;
     assert!(
@@ -219,7 +219,7 @@ pub async fn tasks_are_listed_newest_first<S: Store>(s: Arc<S>) {
             reason: None,
             audit: None,
         },
-        at(1),
+        Some(at(1)),
     )
     .await
     .expect("pause");
@@ -242,7 +242,7 @@ pub async fn audit_log_pages_newest_first<S: Store>(s: Arc<S>) {
         let mut a = audit("message.redrive", 1);
         a.target = Some(format!("m{i}"));
         a.filter = Some(json!({"i": i}));
-        s.audit(a, at(i)).await.expect("audit");
+        s.audit(a, Some(at(i))).await.expect("audit");
     }
     let first = s.audit_list(None, 2).await.expect("page 1");
     assert_eq!(first.len(), 2);
@@ -257,7 +257,7 @@ pub async fn audit_log_pages_newest_first<S: Store>(s: Arc<S>) {
 pub async fn redrive_with_payload_replaces_it<S: Store>(s: Arc<S>) {
     let ids = dead(&*s, 1).await;
     let m = s
-        .redrive_with(ids[0], Some(json!({"fixed": true})), at(5))
+        .redrive_with(ids[0], Some(json!({"fixed": true})), Some(at(5)))
         .await
         .expect("redrive with payload");
     assert_eq!(m.state, State::Ready);
@@ -270,7 +270,9 @@ pub async fn redrive_with_payload_replaces_it<S: Store>(s: Arc<S>) {
         })
     );
     // Refused (not dead any more): the payload is not touched either.
-    let again = s.redrive_with(ids[0], Some(json!("other")), at(6)).await;
+    let again = s
+        .redrive_with(ids[0], Some(json!("other")), Some(at(6)))
+        .await;
     assert!(
         matches!(again, Err(StoreError::InvalidState { .. })),
         "{again:?}"

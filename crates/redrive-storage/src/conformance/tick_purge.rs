@@ -19,7 +19,7 @@ pub async fn delayed_publish_waits_for_tick<S: Store>(s: Arc<S>) {
         "deliver_at in the future is scheduled"
     );
     assert_eq!(m.due_at, Some(at(5_000)));
-    let hint = *s.wake_hint().borrow();
+    let hint = *s.notifier().due().borrow();
     assert!(
         hint.is_some_and(|h| h <= at(5_000)),
         "wake hint {hint:?} is not at or before the due time"
@@ -178,7 +178,7 @@ pub async fn purge_deletes_old_done_never_dead<S: Store>(s: Arc<S>) {
     .await;
     assert_eq!(c.state, State::Dead);
     let d = publish(&*s, msg(Q, json!("d")), at(20)).await;
-    let p = s.purge(at(10_000), 6_000).await.expect("purge");
+    let p = s.purge(Some(at(10_000)), 6_000).await.expect("purge");
     assert_eq!(
         p.done_deleted,
         vec![(Q.to_owned(), 1)],
@@ -199,7 +199,7 @@ pub async fn purge_deletes_old_done_never_dead<S: Store>(s: Arc<S>) {
         1,
         "purge did not update the counts"
     );
-    let p = s.purge(at(1_000_000_000), 0).await.expect("purge");
+    let p = s.purge(Some(at(1_000_000_000)), 0).await.expect("purge");
     assert_eq!(p.done_deleted, vec![(Q.to_owned(), 1)]);
     assert_eq!(
         get(&*s, c.id).await.state,
@@ -211,7 +211,7 @@ pub async fn purge_deletes_old_done_never_dead<S: Store>(s: Arc<S>) {
         State::Ready,
         "purge deleted a ready message"
     );
-    let p = s.purge(at(2_000_000_000), 0).await.expect("purge");
+    let p = s.purge(Some(at(2_000_000_000)), 0).await.expect("purge");
     assert_eq!(
         p.done_deleted.iter().map(|(_, n)| n).sum::<u64>(),
         0,

@@ -319,7 +319,7 @@ impl Bridge {
                 self.settings.queue().to_owned(),
                 prefix.to_owned(),
                 limit,
-                engine.clock().now(),
+                engine.clock().for_store(),
             )
             .await
             .map_err(err)?;

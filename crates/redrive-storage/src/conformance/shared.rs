@@ -1,0 +1,264 @@
+//! The shared-handles area: two stores opened on one database, as two redrive nodes of a
+//! cluster would (SPEC §7, §13). Only for backends that several processes share; a backend
+//! that cannot be shared (the embedded store: one process per data directory) invokes
+//! [`conformance_shared_tests!`](crate::conformance_shared_tests) with `unsupported:` and a
+//! reason, which each case logs instead of running.
+//!
+//! A backend invokes `conformance_shared_tests!(open_pair)` with a function that opens
+//! *two* stores on one fresh, empty database from a [`Setup`](super::Setup), plus a guard
+//! that removes the database after both are closed.
+
+use super::helpers::{msg, publish};
+use super::{at, Q};
+use crate::{Ack, LeaseRef, LeaseRequest, Store};
+use redrive_core::{MessageId, State};
+use serde_json::json;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A case run on two handles of one store.
+pub type SharedCase<S> = fn(Arc<S>, Arc<S>) -> super::CaseFuture;
+
+fn req(max: u32, lease_ms: u64) -> LeaseRequest {
+    LeaseRequest {
+        queue: Q.into(),
+        max,
+        lease_ms,
+        max_bytes: None,
+    }
+}
+
+/// Competing leases on both handles take every message exactly once.
+pub fn two_handles_lease_disjoint_sets<S: Store>(a: Arc<S>, b: Arc<S>) -> super::CaseFuture {
+    Box::pin(async move {
+        const N: usize = 300;
+        let items = (0..N).map(|i| msg(Q, json!({ "i": i }))).collect();
+        a.publish(items, Some(at(0))).await.expect("publish");
+        let take = |s: Arc<S>| {
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let got = s.lease(req(7, 60_000), Some(at(1))).await.expect("lease");
+                    if got.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(got.into_iter().map(|l| l.message.id));
+                }
+            })
+        };
+        let (x1, x2, y1, y2) = (take(a.clone()), take(a), take(b.clone()), take(b));
+        let mut seen: HashSet<MessageId> = HashSet::new();
+        let mut total = 0;
+        for h in [x1, x2, y1, y2] {
+            for id in h.await.expect("leaser") {
+                total += 1;
+                assert!(seen.insert(id), "{id} was leased twice");
+            }
+        }
+        assert_eq!(total, N, "every message leased once");
+    })
+}
+
+/// Both handles ticking at once promote each due message once and fail each expired
+/// lease once.
+pub fn concurrent_ticks_act_on_each_message_once<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        const N: usize = 120;
+        let items = (0..N).map(|i| msg(Q, json!({ "i": i }))).collect();
+        a.publish(items, Some(at(0))).await.expect("publish");
+        let leased = a
+            .lease(req(N as u32, 1_000), Some(at(0)))
+            .await
+            .expect("lease");
+        assert_eq!(leased.len(), N);
+        // Both tick after the leases expired: each expiry is one failed attempt.
+        let (ta, tb) = tokio::join!(a.tick(Some(at(5_000))), b.tick(Some(at(5_000))));
+        let (ta, tb) = (ta.expect("tick a"), tb.expect("tick b"));
+        let mut expired: Vec<MessageId> = ta.expired.iter().map(|o| o.message.id).collect();
+        expired.extend(tb.expired.iter().map(|o| o.message.id));
+        let distinct: HashSet<_> = expired.iter().collect();
+        assert_eq!(
+            expired.len(),
+            N,
+            "each expired lease failed once, not twice"
+        );
+        assert_eq!(distinct.len(), N);
+        // Their retries are due 1 s later: both promote, each message once.
+        let (pa, pb) = tokio::join!(a.tick(Some(at(7_000))), b.tick(Some(at(7_000))));
+        pa.expect("promote a");
+        pb.expect("promote b");
+        let again = b
+            .lease(req(N as u32, 60_000), Some(at(7_000)))
+            .await
+            .expect("lease");
+        assert_eq!(again.len(), N, "every message ready once after promotion");
+        for l in &again {
+            assert_eq!(l.attempt, 2, "one failed attempt, then this one");
+            let m = a.get(l.message.id).await.expect("get").expect("exists");
+            let failures = m
+                .history
+                .iter()
+                .filter(|h| matches!(h.event, redrive_core::HistoryEvent::Failed { .. }))
+                .count();
+            assert_eq!(failures, 1, "one expiry in the history of {}", m.id);
+        }
+    })
+}
+
+/// A lease taken on one handle is acked, nacked and extended on the other; a stale token
+/// is refused there too.
+pub fn a_lease_from_one_handle_settles_on_the_other<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        let m = publish(&*a, msg(Q, json!(1)), at(0)).await;
+        let l = a.lease(req(1, 30_000), Some(at(0))).await.expect("lease");
+        let token = l[0].token.clone();
+        let lease = LeaseRef {
+            id: m.id,
+            token: token.clone(),
+        };
+        let until = b
+            .extend(lease.clone(), 60_000, Some(at(10)))
+            .await
+            .expect("extend on b");
+        assert_eq!(until, at(60_010));
+        let acked = b
+            .ack(vec![Ack::from(lease.clone())], Some(at(20)))
+            .await
+            .expect("ack on b");
+        let acked = acked.into_iter().next().expect("one").expect("acked");
+        assert_eq!(acked.message.state, State::Done);
+        let seen = a.get(m.id).await.expect("get").expect("exists");
+        assert_eq!(seen.state, State::Done, "a sees b's ack");
+        // A retried ack on the first handle is the same ack again.
+        let again = a
+            .ack(vec![Ack::from(lease)], Some(at(30)))
+            .await
+            .expect("ack on a");
+        assert!(again[0].as_ref().expect("acked again").repeated);
+    })
+}
+
+/// A publish on one handle wakes a waiter on the other through the notifier (a hint:
+/// allowed a few seconds, normally milliseconds).
+pub fn a_publish_on_one_handle_wakes_the_other<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        let mut ready = b.notifier().ready();
+        publish(&*a, msg(Q, json!("wake")), at(0)).await;
+        let notice = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match ready.recv().await {
+                    Ok(n) if n.queue == Q => return n,
+                    Ok(_) => continue,
+                    Err(e) => panic!("notifier closed: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("b was told within 5 s that a made a message ready");
+        assert!(notice.count >= 1);
+    })
+}
+
+/// The cases of the area, by name.
+pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
+    vec![
+        (
+            "two_handles_lease_disjoint_sets",
+            two_handles_lease_disjoint_sets::<S>,
+        ),
+        (
+            "concurrent_ticks_act_on_each_message_once",
+            concurrent_ticks_act_on_each_message_once::<S>,
+        ),
+        (
+            "a_lease_from_one_handle_settles_on_the_other",
+            a_lease_from_one_handle_settles_on_the_other::<S>,
+        ),
+        (
+            "a_publish_on_one_handle_wakes_the_other",
+            a_publish_on_one_handle_wakes_the_other::<S>,
+        ),
+    ]
+}
+
+/// Expand to one `#[test]` per shared-handles case, in a module `shared`.
+///
+/// `conformance_shared_tests!(open_pair)`: `open_pair(Setup) -> (S, S, G)` opens two
+/// stores on one fresh database; `G` is dropped after both are closed.
+/// `conformance_shared_tests!(unsupported: "reason")`: each case logs the reason and runs
+/// nothing (the backend cannot be shared by two processes).
+#[macro_export]
+macro_rules! conformance_shared_tests {
+    (unsupported: $reason:expr) => {
+        $crate::conformance_shared_tests!(@each (|_case: &str| {
+            eprintln!("shared-handles case {_case}: not run: {}", $reason);
+        }));
+    };
+    ($open_pair:ident) => {
+        $crate::conformance_shared_tests!(@each (|case: &str| {
+            $crate::conformance::shared::run_named(case, $open_pair);
+        }));
+    };
+    (@each $body:tt) => {
+        mod shared {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::conformance_shared_tests!(@case $body
+                two_handles_lease_disjoint_sets,
+                concurrent_ticks_act_on_each_message_once,
+                a_lease_from_one_handle_settles_on_the_other,
+                a_publish_on_one_handle_wakes_the_other,
+            );
+        }
+    };
+    (@case $body:tt $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let run = $body;
+                run(stringify!($name));
+            }
+        )*
+    };
+}
+
+/// Run the shared-handles case `name` on two stores from `open_pair`, each case on its own
+/// runtime; both stores are closed before the guard is dropped.
+pub fn run_named<S, G, F, Fut>(name: &str, open_pair: F)
+where
+    S: Store,
+    F: FnOnce(super::Setup) -> Fut,
+    Fut: std::future::Future<Output = (S, S, G)>,
+{
+    let case = cases::<S>()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, c)| c)
+        .unwrap_or_else(|| panic!("no shared-handles case {name}"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let (a, b, guard) = open_pair(super::Setup::default()).await;
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        let result = tokio::spawn(case(a.clone(), b.clone())).await;
+        a.close().await;
+        b.close().await;
+        drop(guard);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    });
+}

@@ -1,0 +1,31 @@
+//! What every backend is opened with, apart from its own settings (SQLite: the data
+//! directory and the WAL bound; PostgreSQL: the URL, the schema, the pool size).
+
+use redrive_core::QueueCatalog;
+use std::sync::Arc;
+
+/// The options every backend shares.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Per-queue settings the transitions decide with (retry policy, ordering, …).
+    pub catalog: Arc<QueueCatalog>,
+    /// How long an idempotency key is remembered, ms.
+    pub idempotency_window_ms: u64,
+    /// Seed of the store's generator (retry jitter, lease nonces); random when `None`.
+    /// Lease tokens stay unique across opens whatever the seed.
+    pub seed: Option<u64>,
+}
+
+/// The default idempotency window: 24 h.
+pub const DEFAULT_IDEMPOTENCY_WINDOW_MS: u64 = 24 * 3_600_000;
+
+impl Default for StoreOptions {
+    /// Default queue settings, a 24 h idempotency window, a random seed.
+    fn default() -> Self {
+        Self {
+            catalog: Arc::new(QueueCatalog::default()),
+            idempotency_window_ms: DEFAULT_IDEMPOTENCY_WINDOW_MS,
+            seed: None,
+        }
+    }
+}
