@@ -17,6 +17,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod tokens;
+
+pub use tokens::{Scope, TokenConfig};
+
 /// A configuration that cannot be used. The message names the key, flag or variable.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -337,18 +341,6 @@ pub struct PushServerConfig {
     pub allow_cidrs: Vec<String>,
 }
 
-/// One `[[tokens]]` entry: a named secret with scopes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    /// Who this is, in the audit log (`ops-alice`, `billing-service`).
-    pub name: String,
-    /// The bearer secret, at least 16 characters.
-    pub secret: String,
-    /// `publish`, `consume`, `read`, `admin` (admin includes the others).
-    pub scopes: Vec<crate::api::auth::Scope>,
-}
-
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -564,53 +556,6 @@ impl Config {
         Ok(config)
     }
 
-    /// Whether any token (`tokens` or `api_tokens`) is configured.
-    pub fn has_tokens(&self) -> bool {
-        !self.tokens.is_empty() || !self.api_tokens.is_empty()
-    }
-
-    fn check_tokens(&self) -> Result<(), ConfigError> {
-        let mut names = std::collections::HashSet::new();
-        let mut secrets: std::collections::HashSet<&str> =
-            self.api_tokens.iter().map(|s| s.trim()).collect();
-        for (i, t) in self.tokens.iter().enumerate() {
-            let bad = |field: &str, reason: &str| {
-                Err(ConfigError::Value {
-                    key: format!("tokens[{i}].{field}"),
-                    reason: reason.into(),
-                })
-            };
-            let name = t.name.trim();
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
-            {
-                return bad(
-                    "name",
-                    "1 to 64 characters of letters, digits, '-', '_', '.', '@'",
-                );
-            }
-            if !names.insert(name) {
-                return bad("name", &format!("{name:?} is used by another token"));
-            }
-            if t.secret.trim().len() < 16 {
-                return bad("secret", "must have at least 16 characters");
-            }
-            if !secrets.insert(t.secret.trim()) {
-                return bad("secret", "is the same as another token's");
-            }
-            if t.scopes.is_empty() {
-                return bad(
-                    "scopes",
-                    "give at least one of \"publish\", \"consume\", \"read\", \"admin\"",
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// Check values and resolve every queue's policy once, so a bad one fails at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let val = |key: &str, reason: &str| {
@@ -656,9 +601,6 @@ impl Config {
         }
         if self.max_wal_bytes < redrive_storage::MIN_MAX_WAL_BYTES {
             return val("max_wal_bytes", "must be at least 1048576 (1 MiB)");
-        }
-        if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
-            return val("api_tokens", "every token must have at least 16 characters");
         }
         self.check_tokens()?;
         if self
@@ -1231,7 +1173,8 @@ fn env_value(key: &str, raw: &str) -> toml::Value {
 mod tests {
     use super::*;
 
-    fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    /// `toml_text` as a config file, with `env` as the environment (for every section's tests).
+    pub(super) fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.toml");
         std::fs::write(&p, toml_text).unwrap();
@@ -1259,59 +1202,6 @@ mod tests {
         assert!(e.contains("max_attempt"), "{e}");
         let e = load("", &[("REDRIVE_LISTN", "x")]).unwrap_err().to_string();
         assert!(e.contains("REDRIVE_LISTN"), "{e}");
-    }
-
-    #[test]
-    fn tokens_are_checked_and_named() {
-        let ok = load(
-            "api_tokens = [\"legacy-token-000001\"]\n[[tokens]]\nname = \"ops\"\nsecret = \"ops-secret-0000001\"\nscopes = [\"read\", \"admin\"]",
-            &[],
-        )
-        .unwrap();
-        assert!(ok.has_tokens());
-        let tokens = crate::api::auth::Tokens::from_config(&ok);
-        let ops = tokens.authenticate("ops-secret-0000001").unwrap();
-        assert_eq!(ops.name, "ops");
-        assert!(
-            ops.can(crate::api::auth::Scope::Publish),
-            "admin includes publish"
-        );
-        let legacy = tokens.authenticate("legacy-token-000001").unwrap();
-        assert_eq!(legacy.name, "api_tokens[0]");
-        assert!(tokens.authenticate("nope-nope-nope-nope").is_none());
-        let token = |name: &str, secret: &str, scopes: &str| {
-            format!("[[tokens]]\nname = \"{name}\"\nsecret = \"{secret}\"\nscopes = {scopes}\n")
-        };
-        let cases = [
-            (token("ops", "short", "[\"read\"]"), "tokens[0].secret"),
-            (
-                token("", "long-enough-secret-1", "[\"read\"]"),
-                "tokens[0].name",
-            ),
-            (
-                token("a b", "long-enough-secret-1", "[\"read\"]"),
-                "tokens[0].name",
-            ),
-            (
-                token("ops", "long-enough-secret-1", "[]"),
-                "tokens[0].scopes",
-            ),
-            (token("ops", "long-enough-secret-1", "[\"root\"]"), "root"),
-            (
-                token("ops", "long-enough-secret-1", "[\"read\"]")
-                    + &token("ops", "long-enough-secret-2", "[\"read\"]"),
-                "tokens[1].name",
-            ),
-            (
-                token("a", "long-enough-secret-1", "[\"read\"]")
-                    + &token("b", "long-enough-secret-1", "[\"read\"]"),
-                "tokens[1].secret",
-            ),
-        ];
-        for (text, key) in cases {
-            let e = load(&text, &[]).unwrap_err().to_string();
-            assert!(e.contains(key), "{text}: {e}");
-        }
     }
 
     #[test]
