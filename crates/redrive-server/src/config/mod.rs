@@ -17,8 +17,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod limits;
 mod tokens;
 
+pub use limits::{
+    message_bound_bytes, MAX_KEY_CHARS, MAX_SCHEDULE_AHEAD_CEILING_MS, MESSAGE_FIXED_BYTES,
+    MIN_ERROR_MESSAGE_BYTES,
+};
 pub use tokens::{Scope, TokenConfig};
 
 /// A configuration that cannot be used. The message names the key, flag or variable.
@@ -437,13 +442,6 @@ impl Default for Config {
     }
 }
 
-/// The largest `max_schedule_ahead`: 100 years (36,525 days), so that now + it stays
-/// well before year 9999, the last a due time can be written in RFC 3339.
-pub const MAX_SCHEDULE_AHEAD_CEILING_MS: u64 = 36_525 * 24 * 3_600_000;
-
-/// The smallest `max_error_message_bytes`: room for the truncation marker and some text.
-pub const MIN_ERROR_MESSAGE_BYTES: usize = 128;
-
 /// Top-level keys that `REDRIVE_<KEY>` environment variables may set.
 const ENV_KEYS: &[&str] = &[
     "listen",
@@ -564,41 +562,7 @@ impl Config {
                 reason: reason.into(),
             })
         };
-        if self.max_batch == 0 {
-            return val("max_batch", "must be at least 1");
-        }
-        if self.max_payload_bytes == 0 || self.max_request_bytes < self.max_payload_bytes {
-            return val(
-                "max_request_bytes",
-                "must be at least max_payload_bytes (and both above 0)",
-            );
-        }
-        if self.max_error_message_bytes < MIN_ERROR_MESSAGE_BYTES {
-            return val(
-                "max_error_message_bytes",
-                &format!("must be at least {MIN_ERROR_MESSAGE_BYTES}"),
-            );
-        }
-        let bound = crate::api::message_bound_bytes(self);
-        if self.max_response_bytes < bound {
-            return val(
-                "max_response_bytes",
-                &format!(
-                    "must be at least {bound}: one message of max_payload_bytes with \
-                     max_header_bytes of headers and max_error_message_bytes of error text \
-                     must fit in an answer"
-                ),
-            );
-        }
-        if self.max_schedule_ahead.ms() > MAX_SCHEDULE_AHEAD_CEILING_MS {
-            return val(
-                "max_schedule_ahead",
-                "must be at most 100 years (a due time must stay a 4-digit-year RFC 3339 time)",
-            );
-        }
-        if self.max_lease.ms() == 0 {
-            return val("max_lease", "must be greater than 0s");
-        }
+        self.check_limits()?;
         if self.max_wal_bytes < redrive_storage::MIN_MAX_WAL_BYTES {
             return val("max_wal_bytes", "must be at least 1048576 (1 MiB)");
         }
