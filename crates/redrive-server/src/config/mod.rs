@@ -11,19 +11,20 @@ use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::{
     DurationMs, OnDead, Ordering, PolicyError, QueueCatalog, QueueSettings, RetryPolicyConfig,
 };
-use redrive_storage::Durability;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod limits;
+mod storage;
 mod tokens;
 
 pub use limits::{
     message_bound_bytes, MAX_KEY_CHARS, MAX_SCHEDULE_AHEAD_CEILING_MS, MESSAGE_FIXED_BYTES,
     MIN_ERROR_MESSAGE_BYTES,
 };
+pub use storage::DurabilityName;
 pub use tokens::{Scope, TokenConfig};
 
 /// A configuration that cannot be used. The message names the key, flag or variable.
@@ -53,26 +54,6 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// `durability` as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DurabilityName {
-    /// fsync every commit (default).
-    #[default]
-    Fsync,
-    /// No fsync: a 2xx may be lost in an OS crash or power loss.
-    UnsafeBuffered,
-}
-
-impl From<DurabilityName> for Durability {
-    fn from(d: DurabilityName) -> Self {
-        match d {
-            DurabilityName::Fsync => Durability::Fsync,
-            DurabilityName::UnsafeBuffered => Durability::UnsafeBuffered,
-        }
-    }
 }
 
 /// One `[queues.NAME]` section (or `[queues.default]`). Unset keys inherit from
@@ -432,7 +413,7 @@ impl Default for Config {
             done_retention: DurationMs(24 * 3_600_000),
             purge_interval: DurationMs(60_000),
             shutdown_grace: DurationMs(10_000),
-            max_wal_bytes: redrive_storage::DEFAULT_MAX_WAL_BYTES,
+            max_wal_bytes: storage::default_max_wal_bytes(),
             log: "info".to_owned(),
             queues: BTreeMap::new(),
             push: PushServerConfig::default(),
@@ -563,9 +544,7 @@ impl Config {
             })
         };
         self.check_limits()?;
-        if self.max_wal_bytes < redrive_storage::MIN_MAX_WAL_BYTES {
-            return val("max_wal_bytes", "must be at least 1048576 (1 MiB)");
-        }
+        self.check_storage()?;
         self.check_tokens()?;
         if self
             .allowed_hosts
