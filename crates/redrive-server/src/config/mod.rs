@@ -8,15 +8,14 @@ use crate::engine::alerts::{AlertSettings, Sink, Template, Thresholds};
 use crate::engine::bridge::{BridgeSettings, RabbitSettings, RedisSettings};
 use crate::engine::push::{PushConfig, PushSettings};
 use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
-use redrive_core::{
-    DurationMs, OnDead, Ordering, PolicyError, QueueCatalog, QueueSettings, RetryPolicyConfig,
-};
+use redrive_core::DurationMs;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod limits;
+mod queues;
 mod storage;
 mod tokens;
 
@@ -24,6 +23,7 @@ pub use limits::{
     message_bound_bytes, MAX_KEY_CHARS, MAX_SCHEDULE_AHEAD_CEILING_MS, MESSAGE_FIXED_BYTES,
     MIN_ERROR_MESSAGE_BYTES,
 };
+pub use queues::{Delivery, QueueConfig};
 pub use storage::DurabilityName;
 pub use tokens::{Scope, TokenConfig};
 
@@ -54,37 +54,6 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// One `[queues.NAME]` section (or `[queues.default]`). Unset keys inherit from
-/// `[queues.default]`, then from the built-in defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QueueConfig {
-    /// Default lease length when a lease request gives none.
-    pub lease: Option<DurationMs>,
-    /// `none` or `key`.
-    pub ordering: Option<Ordering>,
-    /// `skip` or `block` (with `ordering = "key"`).
-    pub on_dead: Option<OnDead>,
-    /// Retry policy keys.
-    #[serde(default)]
-    pub retry: RetryPolicyConfig,
-    /// `pull` (default: consumers lease over HTTP) or `push` (redrive calls an endpoint).
-    pub delivery: Option<Delivery>,
-    /// Push delivery settings (`delivery = "push"`), SPEC §10.
-    pub push: Option<PushQueueConfig>,
-}
-
-/// How a queue's messages reach their consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    /// Consumers lease messages over HTTP (default).
-    #[default]
-    Pull,
-    /// redrive sends each due message to an HTTP endpoint.
-    Push,
 }
 
 /// A push queue's `connect_timeout` when the config leaves it out, unless its `timeout` is
@@ -565,70 +534,16 @@ impl Config {
                 "each entry is scheme://host[:port], e.g. \"https://console.example.com\"",
             );
         }
-        for name in self.queues.keys() {
-            if name != "default" {
-                redrive_core::validate_queue_name(name).map_err(|e| ConfigError::Value {
-                    key: format!("queues.{name}"),
-                    reason: e.to_string(),
-                })?;
-            }
-        }
+        self.check_queue_names()?;
         self.push_settings()?;
         self.bridge_settings()?;
         self.alert_settings()?;
-        for name in self.queues.keys().map(String::as_str).chain(["default"]) {
-            // Resolving the policy is the check: a bad one fails here, naming its key.
-            self.queue_settings_checked(name)?;
-            if let Some(lease) = self.queue_lease_ms(name) {
-                if lease == 0 || lease > self.max_lease.ms() {
-                    return val(
-                        &format!("queues.{name}.lease"),
-                        "must be above 0s and at most max_lease",
-                    );
-                }
-            }
-        }
-        Ok(())
+        self.check_queue_policies()
     }
 
     /// Whether the listen address is loopback.
     pub fn listens_on_loopback(&self) -> bool {
         self.listen.ip().is_loopback()
-    }
-
-    fn queue_settings_checked(&self, queue: &str) -> Result<QueueSettings, ConfigError> {
-        let default = self.queues.get("default").cloned().unwrap_or_default();
-        let own = self.queues.get(queue).cloned().unwrap_or_default();
-        let retry = own.retry.over(&default.retry).resolve().map_err(|e| {
-            let section = if self.queues.contains_key(queue) {
-                queue
-            } else {
-                "default"
-            };
-            ConfigError::Value {
-                key: format!("queues.{section}.{}", policy_key(&e)),
-                reason: e.to_string(),
-            }
-        })?;
-        Ok(QueueSettings {
-            retry,
-            ordering: own.ordering.or(default.ordering).unwrap_or_default(),
-            on_dead: own.on_dead.or(default.on_dead).unwrap_or_default(),
-        })
-    }
-
-    /// The effective settings of `queue` (its section over `[queues.default]` over built-ins).
-    pub fn queue_settings(&self, queue: &str) -> QueueSettings {
-        self.queue_settings_checked(queue).unwrap_or_default()
-    }
-
-    /// The queue's configured default lease, if any (its own, else `[queues.default]`).
-    pub fn queue_lease_ms(&self, queue: &str) -> Option<u64> {
-        self.queues
-            .get(queue)
-            .and_then(|q| q.lease)
-            .or_else(|| self.queues.get("default").and_then(|q| q.lease))
-            .map(|d| d.ms())
     }
 
     /// What the engine needs of this configuration.
@@ -931,17 +846,6 @@ impl Config {
             guard: std::sync::Arc::new(redrive_push::ssrf::Guard::new(allow)),
         })
     }
-
-    /// Every queue's settings, for the store.
-    pub fn catalog(&self) -> QueueCatalog {
-        let named: HashMap<String, QueueSettings> = self
-            .queues
-            .keys()
-            .filter(|n| *n != "default")
-            .map(|n| (n.clone(), self.queue_settings(n)))
-            .collect();
-        QueueCatalog::new(self.queue_settings("default"), named)
-    }
 }
 
 /// One push queue's settings, checked; `key` makes the dotted key of a field.
@@ -1083,13 +987,6 @@ fn parse_rate(text: &str) -> Option<f64> {
     Some(n / seconds)
 }
 
-fn policy_key(e: &PolicyError) -> String {
-    match e {
-        PolicyError::UnknownPreset(_) => "retry.preset".into(),
-        PolicyError::Invalid { key, .. } => format!("retry.{key}"),
-    }
-}
-
 /// An environment value as TOML: numbers, booleans and arrays parse as such, anything
 /// else is a string. `REDRIVE_API_TOKENS=a,b` is a list, and so are the allow-lists.
 fn env_value(key: &str, raw: &str) -> toml::Value {
@@ -1115,6 +1012,7 @@ fn env_value(key: &str, raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redrive_core::Ordering;
 
     /// `toml_text` as a config file, with `env` as the environment (for every section's tests).
     pub(super) fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
