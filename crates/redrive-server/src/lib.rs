@@ -69,10 +69,7 @@ pub fn open_with_clock(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
-    if !config.listens_on_loopback()
-        && !config.has_tokens()
-        && !config.dangerous_allow_unauthenticated_public_listen
-    {
+    if config.is_unauthenticated_public_listen() {
         return Err(ServerError::PublicWithoutToken(config.listen));
     }
     let metrics = Arc::new(metrics::Metrics::new());

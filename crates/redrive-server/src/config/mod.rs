@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod alerts;
 mod bridges;
+mod http;
 mod limits;
 mod push;
 mod queues;
@@ -271,44 +272,15 @@ impl Config {
 
     /// Check values and resolve every queue's policy once, so a bad one fails at start.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let val = |key: &str, reason: &str| {
-            Err(ConfigError::Value {
-                key: key.into(),
-                reason: reason.into(),
-            })
-        };
         self.check_limits()?;
         self.check_storage()?;
         self.check_tokens()?;
-        if self
-            .allowed_hosts
-            .iter()
-            .any(|h| h.trim().is_empty() || h.contains([':', '/', '[']))
-        {
-            return val(
-                "allowed_hosts",
-                "each entry is a host name without scheme or port, e.g. \"redrive.internal\"",
-            );
-        }
-        if self.allowed_origins.iter().any(|o| {
-            let o = o.trim().trim_end_matches('/');
-            !(o.starts_with("http://") || o.starts_with("https://")) || o.matches('/').count() != 2
-        }) {
-            return val(
-                "allowed_origins",
-                "each entry is scheme://host[:port], e.g. \"https://console.example.com\"",
-            );
-        }
+        self.check_browser_guard()?;
         self.check_queue_names()?;
         self.push_settings()?;
         self.bridge_settings()?;
         self.alert_settings()?;
         self.check_queue_policies()
-    }
-
-    /// Whether the listen address is loopback.
-    pub fn listens_on_loopback(&self) -> bool {
-        self.listen.ip().is_loopback()
     }
 
     /// What the engine needs of this configuration.
@@ -404,32 +376,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("queues.bad name"), "{e}");
-    }
-
-    #[test]
-    fn browser_allow_lists_are_checked_and_read_from_the_environment() {
-        let c = load(
-            "",
-            &[
-                ("REDRIVE_ALLOWED_HOSTS", "a.internal, b.internal"),
-                ("REDRIVE_ALLOWED_ORIGINS", "https://console.example.com"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(c.allowed_hosts, ["a.internal", "b.internal"]);
-        assert_eq!(c.allowed_origins, ["https://console.example.com"]);
-        for (text, key) in [
-            ("allowed_hosts = [\"a.internal:80\"]", "allowed_hosts"),
-            ("allowed_hosts = [\"\"]", "allowed_hosts"),
-            (
-                "allowed_origins = [\"console.example.com\"]",
-                "allowed_origins",
-            ),
-            ("allowed_origins = [\"https://x/y\"]", "allowed_origins"),
-        ] {
-            let e = load(text, &[]).unwrap_err().to_string();
-            assert!(e.contains(key), "{text}: {e}");
-        }
     }
 
     #[test]
