@@ -3,6 +3,27 @@
 //! Every key, its default and its meaning is in `redrive.example.toml` at the
 //! repository root. A bad key or value is refused at start with an error that
 //! names it (`deny_unknown_fields` everywhere).
+//!
+//! The configuration is data: it names no HTTP type and imports nothing from `api` (the
+//! API builds what it needs from it: `api::auth::Tokens` from the tokens, its answer budget
+//! from [`message_bound_bytes`]). It knows the engine only to translate a section into the
+//! engine's settings ([`Config::engine_config`]). One file per section, each with its raw
+//! structs, its checks and its translation (the top-level keys are fields of [`Config`],
+//! checked in the file of their section):
+//!
+//! - this file: [`Config`], its defaults, [`Config::load`] (file ← environment ← flags),
+//!   [`ConfigError`], the order of [`Config::validate`], [`Config::engine_config`];
+//! - `storage.rs`: what the store is opened with (`data_dir`, `durability`,
+//!   `idempotency_window`, `max_wal_bytes`), the one file that imports `redrive_storage`;
+//! - `http.rs`: `listen`, the refusal of a public listen without a token, `allowed_hosts`,
+//!   `allowed_origins`;
+//! - `limits.rs`: `max_*_bytes`, `max_batch`, `max_wait`, `max_lease`, `max_schedule_ahead`,
+//!   and the message bound `max_response_bytes` must hold;
+//! - `tokens.rs`: `api_tokens`, `[[tokens]]` and the scope vocabulary ([`Scope`]);
+//! - `queues.rs`: `[queues.NAME]` (policy, ordering, lease, `delivery`) and the catalog;
+//! - `push.rs`: `[push]` and `[queues.NAME.push]` with its rules;
+//! - `bridges.rs`: `[bridges.rabbitmq.NAME]`, `[bridges.redis_streams.NAME]`;
+//! - `alerts.rs`: `[alerts]`, its sinks and thresholds.
 
 use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::DurationMs;
@@ -271,6 +292,7 @@ impl Config {
     }
 
     /// Check values and resolve every queue's policy once, so a bad one fails at start.
+    /// The sections are checked in this order; the first bad value is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_limits()?;
         self.check_storage()?;
