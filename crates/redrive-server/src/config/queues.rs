@@ -131,4 +131,3 @@ fn policy_key(e: &PolicyError) -> String {
         PolicyError::Invalid { key, .. } => format!("retry.{key}"),
     }
 }
-
