@@ -82,18 +82,15 @@ mod tests {
 
     #[test]
     fn a_public_listen_needs_a_token_or_the_dangerous_switch() {
+        let refused = |text: &str| load(text, &[]).unwrap().is_unauthenticated_public_listen();
         let public = "listen = \"0.0.0.0:7070\"\n";
-        assert!(!load("", &[]).unwrap().is_unauthenticated_public_listen());
-        assert!(load(public, &[])
-            .unwrap()
-            .is_unauthenticated_public_listen());
-        let with_token = format!("{public}api_tokens = [\"legacy-token-000001\"]");
-        assert!(!load(&with_token, &[])
-            .unwrap()
-            .is_unauthenticated_public_listen());
-        let allowed = format!("{public}dangerous_allow_unauthenticated_public_listen = true");
-        assert!(!load(&allowed, &[])
-            .unwrap()
-            .is_unauthenticated_public_listen());
+        assert!(!refused(""));
+        assert!(refused(public));
+        assert!(!refused(&format!(
+            "{public}api_tokens = [\"legacy-token-000001\"]"
+        )));
+        assert!(!refused(&format!(
+            "{public}dangerous_allow_unauthenticated_public_listen = true"
+        )));
     }
 }
