@@ -151,8 +151,8 @@ impl JsonArray {
         Ok(true)
     }
 
-    /// Bytes of the items written so far (the few bytes around them are part of
-    /// `MESSAGE_OVERHEAD_BYTES`).
+    /// Bytes of the items written so far (the few bytes around them are part of the
+    /// config's `MESSAGE_OVERHEAD_BYTES`, in `config/limits.rs`).
     pub fn bytes(&self) -> usize {
         self.buf.len() - self.start
     }
