@@ -77,10 +77,7 @@ fn open_engine(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>, &'static str), ServerError> {
-    if !config.listens_on_loopback()
-        && !config.has_tokens()
-        && !config.dangerous_allow_unauthenticated_public_listen
-    {
+    if config.is_unauthenticated_public_listen() {
         return Err(ServerError::PublicWithoutToken(config.listen));
     }
     let metrics = Arc::new(metrics::Metrics::new());

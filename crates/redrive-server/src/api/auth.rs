@@ -17,40 +17,13 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-/// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// Publish messages.
-    Publish,
-    /// Lease, ack, nack, release, extend.
-    Consume,
-    /// Every `GET`: messages, queues, endpoints, bridges, groups, tasks, audit.
-    Read,
-    /// Operator actions (redrive, kill, delete, tasks); includes the other scopes.
-    Admin,
-}
+pub use crate::config::Scope;
 
-impl Scope {
-    /// Every scope, in the order they are documented.
-    pub const ALL: [Scope; 4] = [Scope::Publish, Scope::Consume, Scope::Read, Scope::Admin];
-
-    /// The name used in config and errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Publish => "publish",
-            Scope::Consume => "consume",
-            Scope::Read => "read",
-            Scope::Admin => "admin",
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
+/// The bit of `scope` in a [`Scopes`] set.
+fn bit(scope: Scope) -> u8 {
+    1 << (scope as u8)
 }
 
 /// A set of scopes.
@@ -65,14 +38,14 @@ impl Scopes {
 
     /// Whether `scope` is allowed: it is in the set, or the set has `admin`.
     pub fn allows(self, scope: Scope) -> bool {
-        self.0 & (scope.bit() | Scope::Admin.bit()) != 0
+        self.0 & (bit(scope) | bit(Scope::Admin)) != 0
     }
 
     /// The scopes in the set, as their names.
     pub fn names(self) -> Vec<&'static str> {
         Scope::ALL
             .into_iter()
-            .filter(|s| self.0 & s.bit() != 0)
+            .filter(|s| self.0 & bit(*s) != 0)
             .map(Scope::as_str)
             .collect()
     }
@@ -80,7 +53,7 @@ impl Scopes {
 
 impl FromIterator<Scope> for Scopes {
     fn from_iter<I: IntoIterator<Item = Scope>>(iter: I) -> Self {
-        Scopes(iter.into_iter().fold(0, |acc, s| acc | s.bit()))
+        Scopes(iter.into_iter().fold(0, |acc, s| acc | bit(s)))
     }
 }
 
@@ -267,6 +240,29 @@ mod tests {
                 .names(),
             ["publish", "consume"]
         );
+    }
+
+    /// A config's `[[tokens]]` and `api_tokens` authenticate by their secret, named, with their
+    /// scopes (`api_tokens` as admin).
+    #[test]
+    fn tokens_of_a_config_authenticate() {
+        let config = crate::Config {
+            api_tokens: vec!["legacy-token-000001".to_owned()],
+            tokens: vec![crate::config::TokenConfig {
+                name: "ops".to_owned(),
+                secret: "ops-secret-0000001".to_owned(),
+                scopes: vec![Scope::Read, Scope::Admin],
+            }],
+            ..crate::Config::default()
+        };
+        config.validate().unwrap();
+        let tokens = Tokens::from_config(&config);
+        let ops = tokens.authenticate("ops-secret-0000001").unwrap();
+        assert_eq!(ops.name, "ops");
+        assert!(ops.can(Scope::Publish), "admin includes publish");
+        let legacy = tokens.authenticate("legacy-token-000001").unwrap();
+        assert_eq!(legacy.name, "api_tokens[0]");
+        assert!(tokens.authenticate("nope-nope-nope-nope").is_none());
     }
 
     #[test]

@@ -28,37 +28,10 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use std::collections::BTreeMap;
 
-/// Longest ordering key or idempotency key, in characters (what JSON Schema's `maxLength`
-/// counts, so the OpenAPI document can state it exactly).
-pub const MAX_KEY_CHARS: usize = 512;
-
-/// Worst-case growth of a string when written as JSON: a control character becomes
-/// `\u00XX`, 6 bytes for 1.
-const JSON_ESCAPE_FACTOR: usize = 6;
-
-/// The fixed part of a message in an answer: field names, id, lease token, queue name
-/// (≤ 128 plain bytes), state, numbers, timestamps and error class. Measured at about
-/// 600 bytes for a message with every field set; 2 KiB leaves room.
-const MESSAGE_OVERHEAD_BYTES: usize = 2048;
+pub use crate::config::{message_bound_bytes, MAX_KEY_CHARS, MESSAGE_FIXED_BYTES};
 
 /// Appended to a truncated error message or kill reason, followed by the original length.
 pub const TRUNCATION_MARKER: &str = "… [truncated by redrive from ";
-
-/// The most bytes one message (without history) can take in an answer, given the limits
-/// it was stored under.
-pub fn message_bound_bytes(cfg: &Config) -> usize {
-    cfg.max_payload_bytes
-        .saturating_add(cfg.max_header_bytes)
-        .saturating_add(JSON_ESCAPE_FACTOR.saturating_mul(cfg.max_error_message_bytes))
-        .saturating_add(JSON_ESCAPE_FACTOR * 2 * MAX_KEY_CHARS)
-        .saturating_add(MESSAGE_OVERHEAD_BYTES)
-}
-
-/// The most bytes of one message in an answer besides its stored JSON (payload, headers,
-/// last error, key), which the store counts itself (`LeaseRequest::max_bytes`): field
-/// names, id, token, queue, timestamps, and the key's worst-case JSON escaping.
-pub const MESSAGE_FIXED_BYTES: usize =
-    JSON_ESCAPE_FACTOR * 2 * MAX_KEY_CHARS + MESSAGE_OVERHEAD_BYTES;
 
 /// How many messages may still be fetched with `remaining` bytes of budget.
 pub fn fitting(remaining: usize, bound: usize) -> usize {
@@ -178,8 +151,8 @@ impl JsonArray {
         Ok(true)
     }
 
-    /// Bytes of the items written so far (the few bytes around them are part of
-    /// `MESSAGE_OVERHEAD_BYTES`).
+    /// Bytes of the items written so far (the few bytes around them are part of the
+    /// config's `MESSAGE_OVERHEAD_BYTES`, in `config/limits.rs`).
     pub fn bytes(&self) -> usize {
         self.buf.len() - self.start
     }
