@@ -33,7 +33,7 @@ for w in $WORKLOADS; do
       DATA="$WORK/data-scheduled"
       start "$DATA"
       echo "== (f) scheduled: $SCHEDULED messages due in a day"
-      "$BIN" bench --server "$SERVER" --workload scheduled --messages "$SCHEDULED" --connections 8
+      "$BENCH" --server "$SERVER" --workload scheduled --messages "$SCHEDULED" --connections 8
       rss_kb=$(awk '/VmRSS/ {print $2}' /proc/$PID/status)
       hwm_kb=$(awk '/VmHWM/ {print $2}' /proc/$PID/status)
       stop
@@ -60,7 +60,7 @@ for w in $WORKLOADS; do
       DATA="$WORK/data-$w"
       start "$DATA"
       echo "== $w"
-      "$BIN" bench --server "$SERVER" --workload "$w" --connections 64 "${extra[@]}"
+      "$BENCH" --server "$SERVER" --workload "$w" --connections 64 "${extra[@]}"
       stop
       ;;
   esac

@@ -7,7 +7,7 @@
 #
 # Builds the store as scripts/restart_scheduled.sh does (one message published through the
 # API, copied N - 1 times with SQLite), backs it up with no server running, then starts a
-# server on it, runs `redrive bench --workload publish-batch` for 25 s and backs it up again
+# server on it, runs `redrive-bench --workload publish-batch` for 25 s and backs it up again
 # 8 s in, sampling the WAL file's size every 100 ms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ echo "== backup, no server running"
 /usr/bin/time -f "total %e s, RSS %M KiB" "$BIN" backup --data-dir "$WORK/data" --to "$WORK/idle"
 
 start "$WORK/data"
-"$BIN" bench --server "$SERVER" --workload publish-batch --connections 8 --duration 25s \
+"$BENCH" --server "$SERVER" --workload publish-batch --connections 8 --duration 25s \
   >"$WORK/bench.out" 2>&1 &
 load=$!
 sleep 8

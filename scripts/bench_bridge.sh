@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The RabbitMQ bridge beside seed 001's TTL + dead-letter ladder, same broker, same run
 # (docs/PERFORMANCE.md, "Behind RabbitMQ"): a fresh release server with three bridges, and
-# `redrive bench --workload ladder` declaring the work queues, the ladder, and the consumers.
+# `redrive-bench --workload ladder` declaring the work queues, the ladder, and the consumers.
 #
 #   scripts/bench_bridge.sh                  # 20,000 messages
 #   MESSAGES=5000 scripts/bench_bridge.sh
@@ -41,6 +41,6 @@ TOML
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "commit: $(git rev-parse --short HEAD)"
 start "$WORK/data"
-"$BIN" bench --server "$SERVER" --workload ladder --amqp "$AMQP" --messages "$MESSAGES" "$@"
+"$BENCH" --server "$SERVER" --workload ladder --amqp "$AMQP" --messages "$MESSAGES" "$@"
 curl -s "$SERVER/v1/bridges"; echo
 stop

@@ -1,13 +1,15 @@
 # Sourced by the benchmark scripts (bench.sh, bench_vs_pg.sh, restart_scheduled.sh): build the
-# release binary, make a work directory, and start / stop one fresh server at a time on
-# 127.0.0.1:$PORT. Sets BIN, WORK, SERVER and PID; the caller sets PORT first.
+# release binaries (the server, redrive, and the load generator, redrive-bench), make a work
+# directory, and start / stop one fresh server at a time on 127.0.0.1:$PORT. Sets BIN (redrive),
+# BENCH (redrive-bench), WORK, SERVER and PID; the caller sets PORT first.
 #
 #   start DATA_DIR   start a server on DATA_DIR with $WORK/bench.toml and wait for /readyz
 #                    (its log goes to $WORK/server.log, whose tail is printed if it fails)
 #   stop             SIGTERM it and wait
 
-cargo build --release -p redrive --quiet
+cargo build --release -p redrive -p redrive-bench --quiet
 BIN=$PWD/target/release/redrive
+BENCH=$PWD/target/release/redrive-bench
 WORK=$(mktemp -d)
 SERVER="http://127.0.0.1:$PORT"
 PID=

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The retry-storm benchmark of push delivery (docs/PERFORMANCE.md, "Retry storm"): a fresh
-# release server per case pushes two queues to two mock endpoints run by `redrive bench
+# release server per case pushes two queues to two mock endpoints run by `redrive-bench
 # --workload storm` (capacity 250 requests/s each; down for a while: connections refused,
 # then 503): storm-on with the default protection, storm-off with breaker = false and
 # retry_budget = 0 (plain exponential backoff with full jitter). Same run, same machine, side
@@ -68,7 +68,7 @@ run_case() {
   echo
   echo "== outage $outage ($refused refused), $rate msg/s for $arrivals =="
   start "$WORK/data-$outage-$rate"
-  "$BIN" bench --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
+  "$BENCH" --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
     --storm-rate "$rate" --storm-capacity "$CAPACITY" --storm-before "$BEFORE" \
     --storm-outage "$outage" --storm-refused "$refused" --storm-arrivals "$arrivals" \
     --timeout 20m "$@"

@@ -2,8 +2,8 @@
 # redrive against its usual peer, a PostgreSQL job table consumed with FOR UPDATE SKIP LOCKED
 # (River / pgmq / Oban style), on the retry-cycle workload: publishers batch-publish, consumers
 # lease up to BATCH, nack each first delivery (transient, zero delay), lease the retry, ack it.
-# Both systems are driven by the same load generator (`redrive bench`, with `--pg URL` for the
-# peer: see `redrive bench --help`), with the same shapes, on this machine.
+# Both systems are driven by the same load generator (`redrive-bench`, with `--pg URL` for the
+# peer: see `redrive-bench --help`), with the same shapes, on this machine.
 #
 #   scripts/bench_vs_pg.sh                            # 3 interleaved rounds of each shape
 #   ROUNDS=1 MESSAGES=5000 scripts/bench_vs_pg.sh     # a quick check
@@ -76,13 +76,13 @@ run() {
   if [ "$system" = redrive ]; then
     local data="$WORK/data-$shape-$round"
     start "$data"
-    "$BIN" bench --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
     stop
     rm -rf "$data"
     target=redrive
   else
     pg CHECKPOINT >/dev/null
-    "$BIN" bench --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err" || true
+    "$BENCH" --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err" || true
     target=PostgreSQL
   fi
   if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then

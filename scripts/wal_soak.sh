@@ -16,8 +16,9 @@ MAX_WAL_BYTES=${MAX_WAL_BYTES:-67108864}
 PORT=${PORT:-7078}
 SERVER="http://127.0.0.1:$PORT"
 
-cargo build --release -p redrive --quiet
+cargo build --release -p redrive -p redrive-bench --quiet
 BIN=$PWD/target/release/redrive
+BENCH=$PWD/target/release/redrive-bench
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 printf 'log = "warn"\nmax_wal_bytes = %s\n' "$MAX_WAL_BYTES" >"$WORK/soak.toml"
@@ -32,7 +33,7 @@ WAL="$WORK/data/redrive.db-wal"
 (while kill -0 $PID 2>/dev/null; do stat -c %s "$WAL" 2>/dev/null || echo 0; sleep 1; done) >"$WORK/wal.samples" &
 SAMPLER=$!
 secs=$((MINUTES * 60))
-"$BIN" bench --server "$SERVER" --workload cycle --connections 64 --payload-bytes 1024 \
+"$BENCH" --server "$SERVER" --workload cycle --connections 64 --payload-bytes 1024 \
   --messages 1000000000 --timeout "${secs}s" || true   # "incomplete" after the timeout is the plan
 kill $SAMPLER 2>/dev/null || true
 sort -n "$WORK/wal.samples" | awk '{a[NR]=$1} END {

@@ -7,9 +7,11 @@
 //! `{"error": {"code", "message"}}` ([`Error::Api`]) apart from an unreachable server
 //! ([`Error::Unreachable`], [`Error::Timeout`]) and a broken exchange.
 //!
-//! It is what the `redrive` CLI, `redrive bench` and the integration tests use, so that
-//! no caller walks untyped JSON. It does not depend on the server crate: the types are
-//! mirrored here, and the binary's tests check the mirror against a live server.
+//! It is what the `redrive` CLI, the load generator `redrive-bench` and the integration
+//! tests use, so that no caller walks untyped JSON. It does not depend on the server crate:
+//! the types are mirrored here, and the binary's tests check the mirror against a live
+//! server. With the feature `cli`, the module `cli` holds what the two command-line front ends
+//! share (exit codes, error reporting, `--server`, JSON on stdout).
 //!
 //! Non-goals: retries (a failed call is reported once; the caller knows whether the call
 //! is idempotent), TLS (this build of reqwest has none: put a TLS proxy in front, or use
@@ -53,6 +55,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod error;
 pub mod export;
 pub mod types;

@@ -4,17 +4,17 @@
 //! - `redrive backup` copies a data directory while its server runs;
 //! - `redrive policy explain` prints what a retry policy means, offline;
 //! - `redrive publish | messages … | queues | tasks … | groups | audit` are thin clients of
-//!   the HTTP API (SPEC §5, §12);
-//! - `redrive bench` drives a running server with load and prints figures.
+//!   the HTTP API (SPEC §5, §12).
+//!
+//! The load generator is another binary, `redrive-bench` (crates/redrive-bench), so that
+//! the server links none of it.
 //!
 //! This file holds the clap definitions and the dispatch; the work is in
-//! [`cli`] (serve, policy, client commands, tables) and [`mod@bench`].
+//! [`cli`] (serve, policy, client commands, tables).
 //!
-//! Exit codes: 0 success; 1 the server answered an error (or a bench run was
-//! incomplete); 2 bad command-line input or configuration; 3 the server could
-//! not be reached.
+//! Exit codes: 0 success; 1 the server answered an error; 2 bad command-line input or
+//! configuration; 3 the server could not be reached.
 
-mod bench;
 mod cli;
 
 /// mimalloc instead of glibc's malloc: the writer thread allocates the rows it reads and the
@@ -33,11 +33,11 @@ use std::process::ExitCode;
 #[command(
     name = "redrive",
     version,
-    about = "Durable retry and dead-letter server, its client and its load generator",
+    about = "Durable retry and dead-letter server, and its client",
     propagate_version = true
 )]
 pub struct Cli {
-    /// Base URL of the redrive server, for the client commands and the bench (http only).
+    /// Base URL of the redrive server, for the client commands (http only).
     #[arg(
         long,
         global = true,
@@ -98,8 +98,6 @@ pub enum Command {
     Groups(GroupsArgs),
     /// The audit log: every operator action, newest first.
     Audit(AuditArgs),
-    /// Drive a running server with load and print figures.
-    Bench(bench::BenchArgs),
 }
 
 /// `redrive serve`.
@@ -428,7 +426,6 @@ fn main() -> ExitCode {
         Command::Policy {
             command: PolicyCommand::Explain(args),
         } => cli::finish(cli::policy::run(&args)),
-        Command::Bench(args) => cli::finish(bench::run(&cli.server, cli.token.as_deref(), args)),
         command => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -178,6 +178,26 @@ fn policy_explain_prints_the_schedule() {
     );
 }
 
+/// The load generator is the `redrive-bench` binary: `redrive` has no `bench` command.
+#[test]
+fn help_lists_the_commands_and_no_bench() {
+    let o = redrive("http://127.0.0.1:1", &["--help"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let help = String::from_utf8_lossy(&o.stdout);
+    for command in ["serve", "backup", "policy", "publish", "messages", "tasks"] {
+        assert!(
+            help.lines().any(|l| l.trim_start().starts_with(command)),
+            "{command}: {help}"
+        );
+    }
+    assert!(
+        !help.lines().any(|l| l.trim_start().starts_with("bench")),
+        "{help}"
+    );
+    let o = redrive("http://127.0.0.1:1", &["bench", "--workload", "publish"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
 #[test]
 fn serve_refuses_a_bad_config_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();

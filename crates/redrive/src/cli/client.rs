@@ -1,9 +1,10 @@
 //! The thin client commands over the HTTP API (SPEC §5). They call the server through
 //! [`redrive_client::Client`], the typed client the bench and the tests share, and map its
-//! errors to [`CliError`]s (server error → exit 1, unreachable → exit 3).
+//! errors to [`CliError`](super::CliError)s with [`cli_error`] (server error → exit 1,
+//! unreachable → exit 3; both from `redrive_client::cli`, which `redrive-bench` uses too).
 
 use super::output::{emit, print_json, quiet_broken_pipe, truncate, Align, Table};
-use super::{usage, CliError};
+use super::usage;
 use crate::{Command, ExportArgs, Filters, ListArgs, MessagesCommand, PublishArgs, QueuesArgs};
 use anyhow::Context;
 use redrive_client::{Client, ExportFormat, Filter, Publish, QueueView, SearchPage};
@@ -12,6 +13,8 @@ use reqwest::Url;
 use serde_json::Value;
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
+
+pub use redrive_client::cli::{cli_error, parse_server_url};
 
 /// How long a plain (non-streaming) request may take in all.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,37 +36,6 @@ pub fn connect(server: &Url, token: Option<&str>, pool: usize) -> anyhow::Result
         builder = builder.token(t);
     }
     builder.build().map_err(cli_error)
-}
-
-/// A client error as the CLI reports it: the server's error is [`CliError::Api`] (exit 1),
-/// no answer is [`CliError::Unreachable`] (exit 3), a bad token is a usage error (exit 2);
-/// anything else exits 1 with its cause chain.
-pub fn cli_error(e: redrive_client::Error) -> anyhow::Error {
-    use redrive_client::Error as E;
-    match e {
-        E::Api { code, message, .. } => CliError::Api { code, message }.into(),
-        E::Unreachable { url, cause } => CliError::Unreachable { url, cause }.into(),
-        E::Timeout { url } => CliError::Unreachable {
-            url,
-            cause: "timed out".into(),
-        }
-        .into(),
-        E::InvalidToken => usage("--token: not a valid header value"),
-        other => anyhow::Error::new(other),
-    }
-}
-
-/// `--server`: an http URL (this build has no TLS).
-pub fn parse_server_url(s: &str) -> Result<Url, String> {
-    let url = Url::parse(s).map_err(|e| format!("not a URL ({e}), e.g. http://127.0.0.1:7070"))?;
-    match url.scheme() {
-        "http" => Ok(url),
-        "https" => Err(
-            "https is not supported by this build (no TLS); use http:// on loopback or a TLS proxy"
-                .into(),
-        ),
-        other => Err(format!("unsupported scheme {other:?}; use http://")),
-    }
 }
 
 /// A humantime duration, checked here and sent as written.
@@ -196,7 +168,7 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
         Command::Tasks { command } => super::tasks::run(&api, command).await,
         Command::Audit(args) => super::tasks::audit(&api, &args).await,
         Command::Groups(args) => super::groups::run(&api, &args).await,
-        Command::Serve(_) | Command::Backup(_) | Command::Policy { .. } | Command::Bench(_) => {
+        Command::Serve(_) | Command::Backup(_) | Command::Policy { .. } => {
             anyhow::bail!("internal: not a client command")
         }
     }
@@ -492,6 +464,7 @@ pub fn queues_table(queues: &[QueueView]) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::CliError;
     use crate::Cli;
     use clap::Parser;
     use serde_json::json;
@@ -601,33 +574,6 @@ mod tests {
             "{e}"
         );
         assert_eq!(parse_payload("\"hello\"", "stdin").unwrap(), json!("hello"));
-    }
-
-    #[test]
-    fn client_errors_keep_their_exit_codes() {
-        let api = cli_error(redrive_client::Error::Api {
-            status: 404,
-            code: "not_found".into(),
-            message: "no message 01J".into(),
-            settled: None,
-        });
-        assert_eq!(api.to_string(), "not_found: no message 01J");
-        let code = |e: &anyhow::Error| e.downcast_ref::<CliError>().map(CliError::exit_code);
-        assert_eq!(code(&api), Some(1));
-        let down = cli_error(redrive_client::Error::Unreachable {
-            url: "http://127.0.0.1:1/".into(),
-            cause: "Connection refused (os error 111)".into(),
-        });
-        assert_eq!(code(&down), Some(3));
-        let slow = cli_error(redrive_client::Error::Timeout {
-            url: "http://127.0.0.1:1/".into(),
-        });
-        assert_eq!(code(&slow), Some(3));
-        assert!(slow.to_string().contains("timed out"), "{slow}");
-        assert_eq!(
-            code(&cli_error(redrive_client::Error::InvalidToken)),
-            Some(2)
-        );
     }
 
     #[test]

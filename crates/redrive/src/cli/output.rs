@@ -1,4 +1,4 @@
-//! Plain-text tables and JSON printing for the terminal.
+//! Plain-text tables for the terminal (and, from `redrive_client::cli`, JSON printing).
 //!
 //! Widths count characters, not bytes (`0s – 1s` has a multi-byte dash), and the
 //! last column is never padded, so lines carry no trailing blanks.
@@ -96,35 +96,9 @@ pub fn truncate(s: &str, max: usize) -> String {
     out
 }
 
-/// Write `text` to stdout. A reader that went away (`redrive … | head`) is not an error:
-/// the output is simply not wanted any more (a `print!` would panic there).
-pub fn emit(text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    quiet_broken_pipe(out.write_all(text.as_bytes()).and_then(|()| out.flush()))
-}
-
-/// `r`, with a closed reader (broken pipe) counted as success.
-pub fn quiet_broken_pipe(r: std::io::Result<()>) -> std::io::Result<()> {
-    match r {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r,
-    }
-}
-
-/// Print a value as pretty JSON on stdout. The client's typed answers encode to the
-/// server's JSON; going through a `serde_json::Value` first prints their keys in the
-/// order a parsed answer had (sorted), as the CLI always printed them.
-pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
-    match serde_json::to_value(value).and_then(|v| serde_json::to_string_pretty(&v)) {
-        Ok(s) => {
-            if let Err(e) = emit(&format!("{s}\n")) {
-                eprintln!("error: cannot write the answer: {e}");
-            }
-        }
-        Err(e) => eprintln!("error: cannot print the answer as JSON: {e}"),
-    }
-}
+// Writing to stdout (a closed reader is no error) and printing JSON: shared with
+// `redrive-bench`.
+pub use redrive_client::cli::{emit, print_json, quiet_broken_pipe};
 
 #[cfg(test)]
 mod tests {
@@ -152,26 +126,6 @@ mod tests {
         let mut t = Table::new(&[("a", Align::Left), ("b", Align::Left)]);
         t.push(vec!["x".into()]);
         assert_eq!(t.render(), "a  b\nx\n");
-    }
-
-    #[test]
-    fn json_keys_print_in_the_order_of_a_parsed_answer() {
-        #[derive(serde::Serialize)]
-        struct Answer {
-            state: &'static str,
-            id: u8,
-        }
-        let typed = serde_json::to_value(Answer {
-            state: "ready",
-            id: 1,
-        })
-        .unwrap();
-        let parsed: serde_json::Value =
-            serde_json::from_str(r#"{"state":"ready","id":1}"#).unwrap();
-        assert_eq!(
-            serde_json::to_string(&typed).unwrap(),
-            serde_json::to_string(&parsed).unwrap()
-        );
     }
 
     #[test]

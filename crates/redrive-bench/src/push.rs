@@ -1,4 +1,4 @@
-//! `redrive bench --workload push`: push delivery to a healthy endpoint.
+//! `redrive-bench --workload push`: push delivery to a healthy endpoint.
 //!
 //! The bench hosts an endpoint without a capacity limit (every request answered 200 at
 //! once) on `--push-endpoint`, and publishes `--messages` (default 50,000) in batches of

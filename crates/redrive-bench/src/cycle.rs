@@ -345,7 +345,7 @@ async fn check_zero_delay_policy(ctx: &Ctx) -> anyhow::Result<()> {
         Ok(view) => Some(view.policy),
         // An answer of another shape (another version): warn below and go on.
         Err(redrive_client::Error::Decode { .. }) => None,
-        Err(e) => return Err(crate::cli::client::cli_error(e)),
+        Err(e) => return Err(redrive_client::cli::cli_error(e)),
     };
     match policy {
         Some(p) => match zero_delay_problem(&p) {

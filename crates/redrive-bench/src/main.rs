@@ -1,5 +1,11 @@
-//! `redrive bench`: a load generator that drives a running server over HTTP and
-//! prints figures.
+//! `redrive-bench`: redrive's load generator, and the peers it is compared with. It drives
+//! a running server over HTTP only (through [`redrive_client`]) and prints figures; it is a
+//! binary of its own so that nothing of it (the PostgreSQL peer's tokio-postgres, the
+//! ladder's lapin consumers, the mock endpoints) is linked into the `redrive` server.
+//!
+//! Exit codes (`redrive_client::cli`, as the `redrive` CLI): 0 success; 1 the server
+//! answered an error, or the run did not reach its target (`bench incomplete: …`); 2 bad
+//! command-line input; 3 the server could not be reached.
 //!
 //! Shape: N tasks on one multi-thread runtime share one `reqwest::Client` whose
 //! keep-alive pool holds N connections, so each task mostly reuses its own
@@ -35,14 +41,19 @@ mod report;
 mod stats;
 mod storm;
 
-use crate::cli::client::cli_error;
-use crate::cli::output::print_json;
-use crate::cli::usage;
-use clap::{Args, ValueEnum};
+/// mimalloc, as in the `redrive` binary: the figures of docs/PERFORMANCE.md were measured
+/// while the bench was one of its subcommands, and the load generator shares the machine's
+/// cores with the server, so its allocator is part of what it costs them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use clap::{Args, Parser, ValueEnum};
+use redrive_client::cli::{cli_error, finish, parse_server_url, print_json, usage};
 use redrive_client::Client;
 use redrive_core::{format_duration_ms, DurationMs};
 use report::{ErrorTally, Report};
 use reqwest::Url;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -58,9 +69,41 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Lease length the consumers ask for: far longer than a batch takes to ack.
 const BENCH_LEASE: &str = "30s";
 
-/// `redrive bench`.
+/// Command line of `redrive-bench`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "redrive-bench",
+    version,
+    about = "Drive a running redrive server (or its PostgreSQL peer) with load and print figures",
+    after_long_help = BENCH_HELP
+)]
+pub struct Cli {
+    /// Base URL of the redrive server (http only).
+    #[arg(
+        long,
+        env = "REDRIVE_SERVER",
+        default_value = "http://127.0.0.1:7070",
+        value_name = "URL",
+        value_parser = parse_server_url
+    )]
+    pub server: Url,
+
+    /// API token, sent as `Authorization: Bearer TOKEN`.
+    #[arg(
+        long,
+        env = "REDRIVE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+
+    /// The run.
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+/// What to run: the workload and its shape.
 #[derive(Debug, Args)]
-#[command(after_long_help = BENCH_HELP)]
 pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Workload::Publish)]
@@ -219,9 +262,9 @@ The peer has no lease expiry, rescuer or dead-letter state: a minimal queue.
 
 Examples:
   redrive serve --data-dir /tmp/rd &
-  redrive bench --workload publish --connections 64 --duration 10s
-  redrive bench --workload cycle --messages 200000 --batch 100 --json
-  redrive bench --pg postgres://root@127.0.0.1:5432/test --workload retry-cycle \\
+  redrive-bench --workload publish --connections 64 --duration 10s
+  redrive-bench --workload cycle --messages 200000 --batch 100 --json
+  redrive-bench --pg postgres://root@127.0.0.1:5432/test --workload retry-cycle \\
       --connections 20 --publishers 4 --batch 100 --messages 200000";
 
 /// The workloads.
@@ -403,6 +446,11 @@ pub fn claim(counter: &AtomicU64, want: u64, limit: Option<u64>) -> std::ops::Ra
     }
 }
 
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    finish(run(&cli.server, cli.token.as_deref(), cli.bench))
+}
+
 /// Run the bench: preflight, workload, commit figures, report.
 pub fn run(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -419,7 +467,7 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         .connect_timeout(CONNECT_TIMEOUT)
         .request_timeout(REQUEST_TIMEOUT)
         .pool_idle_per_host(connections)
-        .user_agent(concat!("redrive-cli/", env!("CARGO_PKG_VERSION")));
+        .user_agent(concat!("redrive-bench/", env!("CARGO_PKG_VERSION")));
     if let Some(t) = token {
         api = api.token(t);
     }
@@ -584,16 +632,11 @@ async fn progress_ticker(ctx: Arc<Ctx>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Cli, Command};
-    use clap::Parser;
 
     fn bench_args(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
-        let mut full = vec!["redrive", "bench"];
+        let mut full = vec!["redrive-bench"];
         full.extend_from_slice(argv);
-        match Cli::try_parse_from(full)?.command {
-            Command::Bench(a) => Ok(a),
-            other => panic!("{other:?}"),
-        }
+        Ok(Cli::try_parse_from(full)?.bench)
     }
 
     #[test]

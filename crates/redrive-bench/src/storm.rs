@@ -1,4 +1,4 @@
-//! `redrive bench --workload storm`: the retry-storm benchmark of push delivery (issue 7,
+//! `redrive-bench --workload storm`: the retry-storm benchmark of push delivery (issue 7,
 //! `../shared/design/downstream-protection.md`).
 //!
 //! Two mock endpoints run in this process, each with a fixed capacity (`--storm-capacity`
@@ -23,10 +23,10 @@
 //! does it and prints the config.
 
 use super::Ctx;
-use crate::cli::usage;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use redrive_client::cli::usage;
 use redrive_core::format_duration_ms;
 use serde_json::{json, Value};
 use std::collections::HashMap;

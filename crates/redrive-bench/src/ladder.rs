@@ -1,4 +1,4 @@
-//! `redrive bench --workload ladder`: the RabbitMQ bridge beside the TTL + dead-letter
+//! `redrive-bench --workload ladder`: the RabbitMQ bridge beside the TTL + dead-letter
 //! ladder that seed 001 builds by hand, doing the same work in the same run on the same
 //! broker (issue 8).
 //!

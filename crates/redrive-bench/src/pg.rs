@@ -262,7 +262,7 @@ pub async fn run(ctx: Arc<Ctx>, args: &BenchArgs, url: &str) -> anyhow::Result<(
     let application_name = format!("redrive-bench-{}", ctx.run_id);
     let mut config: Config = url
         .parse()
-        .map_err(|e| crate::cli::usage(format!("--pg: {e}")))?;
+        .map_err(|e| redrive_client::cli::usage(format!("--pg: {e}")))?;
     config.application_name(&application_name);
     let unreachable = |e: anyhow::Error| anyhow::anyhow!("cannot use PostgreSQL at {url}: {e:#}");
 

@@ -1,4 +1,4 @@
-//! `redrive bench --pg`: a tiny retry-cycle against the machine's PostgreSQL
+//! `redrive-bench --pg`: a tiny retry-cycle against the machine's PostgreSQL
 //! (postgres://root@127.0.0.1:5432/test, or REDRIVE_TEST_PG): every message is failed
 //! once, claimed again and completed, exactly once, and the table is left empty.
 //!
@@ -33,16 +33,8 @@ async fn connect(url: &str) -> Option<tokio_postgres::Client> {
 }
 
 fn bench(url: &str, table: &str, workload: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_redrive"))
-        .args([
-            "bench",
-            "--pg",
-            url,
-            "--pg-table",
-            table,
-            "--workload",
-            workload,
-        ])
+    let out = Command::new(env!("CARGO_BIN_EXE_redrive-bench"))
+        .args(["--pg", url, "--pg-table", table, "--workload", workload])
         .args([
             "--messages",
             "200",
@@ -54,7 +46,7 @@ fn bench(url: &str, table: &str, workload: &str, extra: &[&str]) -> (Option<i32>
         .args(["--payload-bytes", "100", "--timeout", "60s", "--json"])
         .args(extra)
         .output()
-        .expect("run redrive bench");
+        .expect("run redrive-bench");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
         panic!(
@@ -117,11 +109,10 @@ async fn retry_cycle_against_postgres_completes_every_message_after_one_retry() 
 #[test]
 fn pg_flags_are_checked() {
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_redrive"))
-            .arg("bench")
+        Command::new(env!("CARGO_BIN_EXE_redrive-bench"))
             .args(args)
             .output()
-            .expect("run redrive bench")
+            .expect("run redrive-bench")
     };
     let o = run(&["--pg", DEFAULT_URL, "--workload", "publish"]);
     assert_eq!(o.status.code(), Some(2));
