@@ -74,6 +74,13 @@ pub enum StoreError {
     /// The store is shutting down or its writer has stopped. Tell the client 503.
     #[error("store is closed")]
     Closed,
+    /// The backend cannot be reached now (a database server that is down, restarting or
+    /// unreachable, a connection lost mid-request, no free connection in time). Nothing is
+    /// wrong with the store itself: it is not poisoned, and the same call may succeed once
+    /// the database is back. Whether a write that failed this way was committed is unknown
+    /// when the connection was lost during its commit. Tell the client 503 and retry.
+    #[error("storage backend unavailable: {0}; retry when it is back")]
+    Unavailable(String),
     /// An unexpected backend error. Logged; tell the client 500 without the details.
     #[error("storage backend error: {0}")]
     Backend(String),
