@@ -1,0 +1,1090 @@
+//! The message state machine's transitions, each run inside one transaction.
+//!
+//! Every transition of one message locks its row (`SELECT … FOR UPDATE`), reads its
+//! [`Lifecycle`], lets `redrive_storage::rules` check and change it, and writes it back in
+//! one `UPDATE` ([`write_life`]), appending history entries as rows of `history`. Nothing
+//! here decides a state change itself: a refusal is the rules' error, answered before
+//! anything is written (so a refused item of a batch leaves the transaction usable for
+//! the others). Per-key ordering is kept true after each of them by `key_order::settle`.
+//!
+//! Batch work is set-based where the rules allow it: a claim is one statement
+//! ([`LEASE_SQL`]), a promotion one statement per queue, a purge one statement.
+
+use crate::error::E;
+use crate::key_order;
+use crate::row::{self, columns, delay_ms, history_column, int, ms, Row};
+use crate::sql::{execute, query, query_one, query_opt, resolve_now};
+use crate::{Ctx, Inner};
+use deadpool_postgres::Transaction;
+use redrive_core::{
+    fnv1a, AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage,
+    State, Timestamp, Waited,
+};
+use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, KeyMode, LeaseEnd, Lifecycle};
+use redrive_storage::{
+    Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
+    PurgeOutcome, Release, Released, Returned, Settled, StoreError, TickOutcome,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering as AtomicOrdering;
+
+/// At most this many expired leases are failed in one tick.
+const TICK_EXPIRE_LIMIT: i64 = 1_000;
+/// At most this many scheduled messages become ready in one tick (shared among queues).
+const TICK_PROMOTE_LIMIT: usize = 10_000;
+/// At most this many done messages are deleted by one purge.
+const PURGE_LIMIT: i64 = 10_000;
+
+/// The claim: one statement. The inner `SELECT` picks at most `$2` leasable rows of the
+/// queue in lease order from `ix_ready` and locks them, skipping rows another transaction
+/// holds (`FOR UPDATE SKIP LOCKED`); the window over exactly those rows keeps the first
+/// one and those that fit `$6` bytes of stored JSON (all when `$6` is NULL). `ARRAY(…)`
+/// makes that an init-plan run once, so the `UPDATE` can change no row the pick did not
+/// lock and never more than `$2` (the pg-boss / Oban pitfall of a CTE re-evaluated per
+/// row). `SET` sees the row as it was, so the token's attempt number is the new one. A
+/// leased head of a key waits (`key_blocked` true), so nothing else of its key is leasable.
+pub const LEASE_SQL: &str = concat!(
+    "UPDATE messages SET state = 2, attempts = attempts + 1, \
+     lease_token = (attempts + 1)::text || '-' || $3, leased_at = $4, lease_expires_at = $5, \
+     lease_end = NULL, updated_at = $4, \
+     key_blocked = CASE WHEN key_blocked IS NULL THEN NULL ELSE true END \
+     WHERE seq = ANY(ARRAY( \
+       SELECT f.seq FROM ( \
+         SELECT c.seq, row_number() OVER w AS rn, sum(c.size) OVER w AS used FROM ( \
+           SELECT seq, priority, due_at, octet_length(payload) + coalesce(octet_length(headers), 0) \
+             + coalesce(octet_length(last_error), 0) + coalesce(octet_length(msg_key), 0) AS size \
+           FROM messages WHERE queue = $1 AND state = 1 AND key_blocked IS NOT TRUE \
+           ORDER BY priority DESC, due_at, seq LIMIT $2 FOR UPDATE SKIP LOCKED \
+         ) c WINDOW w AS (ORDER BY c.priority DESC, c.due_at, c.seq) \
+       ) f WHERE f.rn = 1 OR $6::bigint IS NULL OR f.used <= $6 \
+     )) RETURNING ",
+    columns!()
+);
+
+const ROW_FOR_UPDATE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM messages WHERE id = $1 FOR UPDATE"
+);
+const ROW_BY_ID: &str = concat!("SELECT ", columns!(), " FROM messages WHERE id = $1");
+const FULL_MESSAGE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    ", ",
+    history_column!(),
+    " FROM messages WHERE seq = $1"
+);
+
+/// Every lifecycle column, and the last error when `$16`/`$17` are given.
+const WRITE_LIFE: &str = "UPDATE messages SET state = $2, due_at = $3, attempts = $4, budget_base = $5, \
+     uncounted = $6, released = $7, prev_delay_ms = $8, updated_at = $9, window_start = $10, \
+     leased_at = $11, lease_expires_at = $12, lease_end = $13, finished_at = $14, dead_reason = $15, \
+     error_class = coalesce($16, error_class), last_error = coalesce($17, last_error) WHERE seq = $1";
+
+/// The message `id`, its row locked for this transaction.
+async fn locked_row(tx: &Transaction<'_>, id: &MessageId) -> Result<Row, E> {
+    match query_opt(tx, ROW_FOR_UPDATE, &[&id.to_string()]).await? {
+        Some(r) => Row::from_pg(&r),
+        None => Err(E::Logic(StoreError::NotFound(id.to_string()))),
+    }
+}
+
+/// The message at `seq` with its history.
+pub async fn full_message(tx: &Transaction<'_>, seq: i64) -> Result<Message, E> {
+    let r = query_one(tx, FULL_MESSAGE, &[&seq]).await?;
+    Row::message_from_pg(&r)
+}
+
+/// Write `life` (and a new last error, when given) to the row `seq`.
+async fn write_life(
+    tx: &Transaction<'_>,
+    seq: i64,
+    life: &Lifecycle,
+    error: Option<(&str, &str)>,
+) -> Result<(), E> {
+    let state = i16::from(life.state.code());
+    let (due, attempts, base, uncounted, released) = (
+        ms(life.due_at),
+        int(life.attempts),
+        int(life.budget_base),
+        int(life.uncounted),
+        int(life.released),
+    );
+    let prev = delay_ms(life.prev_delay_ms);
+    let updated = life.updated_at.as_millis();
+    let (window, leased_at, expires, finished) = (
+        ms(life.window_start),
+        ms(life.leased_at),
+        ms(life.lease_expires_at),
+        ms(life.finished_at),
+    );
+    let lease_end = life.lease_end.map(LeaseEnd::as_str);
+    let dead = life.dead_reason.map(|r| r.as_str());
+    let (class, last_error) = match error {
+        Some((c, e)) => (Some(c), Some(e)),
+        None => (None, None),
+    };
+    execute(
+        tx,
+        WRITE_LIFE,
+        &[
+            &seq,
+            &state,
+            &due,
+            &attempts,
+            &base,
+            &uncounted,
+            &released,
+            &prev,
+            &updated,
+            &window,
+            &leased_at,
+            &expires,
+            &lease_end,
+            &finished,
+            &dead,
+            &class,
+            &last_error,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Append `entry` to the history of the message at `seq` (its row is locked).
+pub async fn append_history(tx: &Transaction<'_>, seq: i64, entry: &HistoryEntry) -> Result<(), E> {
+    let json = serde_json::to_string(entry)?;
+    execute(
+        tx,
+        "INSERT INTO history (message_seq, n, entry) \
+         SELECT $1, coalesce(max(n), 0) + 1, $2::text::jsonb FROM history WHERE message_seq = $1",
+        &[&seq, &json],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Note a push message's waits before its attempt `attempt` ([`redrive_core::note_wait`]
+/// updates the episode's entry in place, or appends one): the entries it changed are
+/// rewritten, the ones it added appended.
+async fn note_waits(
+    tx: &Transaction<'_>,
+    seq: i64,
+    attempt: u32,
+    waits: &[Waited],
+    now: Timestamp,
+) -> Result<(), E> {
+    if waits.is_empty() {
+        return Ok(());
+    }
+    let rows = query(
+        tx,
+        "SELECT n, entry::text FROM history WHERE message_seq = $1 ORDER BY n",
+        &[&seq],
+    )
+    .await?;
+    let mut old: Vec<(i32, HistoryEntry)> = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let text: String = r.try_get(1)?;
+        old.push((r.try_get(0)?, serde_json::from_str(&text)?));
+    }
+    let mut history: Vec<HistoryEntry> = old.iter().map(|(_, h)| h.clone()).collect();
+    for wait in waits {
+        redrive_core::note_wait(&mut history, attempt, *wait, now);
+    }
+    let mut next = old.last().map_or(0, |(n, _)| *n) + 1;
+    for (i, entry) in history.iter().enumerate() {
+        match old.get(i) {
+            Some((n, before)) if before != entry => {
+                let json = serde_json::to_string(entry)?;
+                execute(
+                    tx,
+                    "UPDATE history SET entry = $3::text::jsonb WHERE message_seq = $1 AND n = $2",
+                    &[&seq, n, &json],
+                )
+                .await?;
+            }
+            Some(_) => {}
+            None => {
+                let json = serde_json::to_string(entry)?;
+                execute(
+                    tx,
+                    "INSERT INTO history (message_seq, n, entry) VALUES ($1, $2, $3::text::jsonb)",
+                    &[&seq, &next, &json],
+                )
+                .await?;
+                next += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`rules::check_lease`] on a locked row. Every lease this store ends records how
+/// (`lease_end`), so the rules never need the history to tell it.
+fn check_lease(row: &Row, token: &str, now: Timestamp) -> Result<(), E> {
+    rules::check_lease(&row.life, row.lease_token.as_deref(), token, now, || {
+        Ok(Vec::new())
+    })?;
+    Ok(())
+}
+
+/// The lease's row, locked, if `lease` is the message's live lease.
+async fn leased_row(tx: &Transaction<'_>, lease: &LeaseRef, now: Timestamp) -> Result<Row, E> {
+    let row = locked_row(tx, &lease.id).await?;
+    check_lease(&row, &lease.token, now)?;
+    Ok(row)
+}
+
+// ---- publish ----
+
+/// Publish `items`, all or nothing (see [`redrive_storage::Store::publish`]).
+pub async fn publish(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[NewMessage],
+    now: Option<Timestamp>,
+) -> Result<Vec<Published>, E> {
+    let now = resolve_now(tx, now).await?;
+    let mut out = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let payload = serde_json::to_string(&item.payload)?;
+        let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
+        if let Some(ikey) = &item.idempotency_key {
+            if let Some(replay) = replay(st, tx, item, ikey, &fingerprint, index, now).await? {
+                out.push(replay);
+                continue;
+            }
+        }
+        let id = MessageId::new();
+        let mut life = Lifecycle::published(item.deliver_at, now);
+        let mut history = Vec::new();
+        let mut failure = None;
+        let mut last_error = None;
+        if let Some(f) = &item.failed {
+            life.attempts = item.attempts_before.saturating_add(1);
+            let policy = &st.catalog.get(&item.queue).retry;
+            let failed = st
+                .with_rng(|rng| rules::fail(&mut life, policy, f, AttemptEnd::default(), now, rng));
+            last_error = Some(serde_json::to_string(&failed.last_error)?);
+            history.push(failed.entry);
+            failure = Some((failed.class, failed.retry_delay_ms));
+        }
+        let mode = KeyMode::of(st.catalog.get(&item.queue));
+        let key_blocked = key_order::initial(mode, item.key.as_deref(), life.state);
+        let headers = if item.headers.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&item.headers)?)
+        };
+        let state = i16::from(life.state.code());
+        let priority = i16::from(item.priority);
+        let (due, attempts, uncounted) = (ms(life.due_at), int(life.attempts), int(life.uncounted));
+        let prev = delay_ms(life.prev_delay_ms);
+        let created = life.created_at.as_millis();
+        let finished = ms(life.finished_at);
+        let dead = life.dead_reason.map(|r| r.as_str());
+        let class = item.failed.as_ref().map(|f| f.class.as_str());
+        let id_text = id.to_string();
+        let r = query_one(
+            tx,
+            "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
+             payload, headers, attempts, uncounted, prev_delay_ms, created_at, updated_at, \
+             finished_at, dead_reason, error_class, last_error, key_blocked, target_url) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, \
+             $17, $18, $19) RETURNING seq",
+            &[
+                &id_text,
+                &item.queue,
+                &state,
+                &priority,
+                &due,
+                &item.key,
+                &item.idempotency_key,
+                &payload,
+                &headers,
+                &attempts,
+                &uncounted,
+                &prev,
+                &created,
+                &finished,
+                &dead,
+                &class,
+                &last_error,
+                &key_blocked,
+                &item.target_url,
+            ],
+        )
+        .await?;
+        let seq: i64 = r.try_get(0)?;
+        for h in &history {
+            append_history(tx, seq, h).await?;
+        }
+        key_order::settle(st, tx, &item.queue, item.key.as_deref(), seq).await?;
+        if let Some(ikey) = &item.idempotency_key {
+            let expires = now.plus_ms(st.idempotency_window_ms).as_millis();
+            // An expired record of the key is replaced; a live one can only be a concurrent
+            // publish of the same key that committed after this one looked (two nodes): then
+            // nothing is written, and the whole publish runs again and replays it.
+            let n = execute(
+                tx,
+                "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, ikey) DO UPDATE SET \
+                 message_id = EXCLUDED.message_id, fingerprint = EXCLUDED.fingerprint, \
+                 expires_at = EXCLUDED.expires_at, tombstone = NULL \
+                 WHERE idempotency.expires_at <= $6",
+                &[
+                    &item.queue,
+                    ikey,
+                    &id_text,
+                    &fingerprint,
+                    &expires,
+                    &now.as_millis(),
+                ],
+            )
+            .await?;
+            if n == 0 {
+                return Err(E::Retry(format!(
+                    "idempotency key {ikey:?} of queue {} was taken by a concurrent publish",
+                    item.queue
+                )));
+            }
+        }
+        cx.changes += 1;
+        cx.wake_if_scheduled(&life);
+        let row = Row {
+            seq,
+            id: id_text,
+            queue: item.queue.clone(),
+            priority: item.priority,
+            key: item.key.clone(),
+            idempotency_key: item.idempotency_key.clone(),
+            payload: String::new(),
+            headers,
+            lease_token: None,
+            last_error,
+            target_url: item.target_url.clone(),
+            life,
+        };
+        let mut message = row.to_message(None, Some(item.payload.clone()))?;
+        message.history = history;
+        let failure = failure.map(|(class, delay)| FailureOutcome {
+            message: message.clone(),
+            class,
+            retry_delay_ms: delay,
+            dead_reason: message.dead_reason,
+        });
+        out.push(Published {
+            message,
+            replayed: false,
+            failure,
+        });
+    }
+    Ok(out)
+}
+
+/// What a live idempotency record of `ikey` answers: the original (`replayed`), a conflict
+/// (another payload), or `None` (no live record: publish).
+async fn replay(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    item: &NewMessage,
+    ikey: &str,
+    fingerprint: &str,
+    index: usize,
+    now: Timestamp,
+) -> Result<Option<Published>, E> {
+    let found = query_opt(
+        tx,
+        "SELECT message_id, fingerprint, tombstone::text, expires_at FROM idempotency \
+         WHERE queue = $1 AND ikey = $2 AND expires_at > $3",
+        &[&item.queue, &ikey, &now.as_millis()],
+    )
+    .await?;
+    let Some(found) = found else {
+        return Ok(None);
+    };
+    let fp: String = found.try_get(1)?;
+    if fp != fingerprint {
+        return Err(E::Logic(StoreError::IdempotencyConflict {
+            index,
+            key: ikey.to_owned(),
+        }));
+    }
+    let mid: String = found.try_get(0)?;
+    let id = row::parse_id(&mid)?;
+    let message = match query_opt(tx, ROW_BY_ID, &[&mid]).await? {
+        Some(r) => Row::from_pg(&r)?.to_message(None, None)?,
+        // Purged: the key outlives its message, so answer what the record remembers.
+        None => {
+            let tombstone: Option<String> = found.try_get(2)?;
+            let expires_at: i64 = found.try_get(3)?;
+            purged_message(
+                id,
+                item,
+                tombstone.as_deref(),
+                expires_at,
+                st.idempotency_window_ms,
+            )?
+        }
+    };
+    Ok(Some(Published {
+        message,
+        replayed: true,
+        failure: None,
+    }))
+}
+
+/// The facts of a purged done message, kept in its idempotency record (`tombstone`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Tombstone {
+    created_at: i64,
+    updated_at: i64,
+    finished_at: Option<i64>,
+    attempts: u32,
+    priority: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<String, String>,
+}
+
+/// The message a replay of a purged one answers with: `done`, no history, the replay's
+/// payload (equal to the original's by fingerprint). Without a tombstone (never written by
+/// this store, but a record is not trusted to have one) the publish time is derived from
+/// the record's expiry.
+fn purged_message(
+    id: MessageId,
+    item: &NewMessage,
+    tombstone: Option<&str>,
+    expires_at: i64,
+    window_ms: u64,
+) -> Result<Message, E> {
+    let t = match tombstone {
+        Some(json) => serde_json::from_str::<Tombstone>(json)?,
+        None => {
+            let created_at = expires_at.saturating_sub(window_ms.min(i64::MAX as u64) as i64);
+            Tombstone {
+                created_at,
+                updated_at: created_at,
+                finished_at: None,
+                attempts: 0,
+                priority: item.priority,
+                key: None,
+                headers: BTreeMap::new(),
+            }
+        }
+    };
+    Ok(Message {
+        id,
+        queue: item.queue.clone(),
+        state: State::Done,
+        payload: item.payload.clone(),
+        headers: t.headers,
+        key: t.key,
+        idempotency_key: item.idempotency_key.clone(),
+        priority: t.priority,
+        attempts: t.attempts,
+        due_at: None,
+        lease_expires_at: None,
+        created_at: Timestamp::from_millis(t.created_at),
+        updated_at: Timestamp::from_millis(t.updated_at),
+        finished_at: t.finished_at.map(Timestamp::from_millis),
+        dead_reason: None,
+        last_error: None,
+        history: Vec::new(),
+        target_url: item.target_url.clone(),
+    })
+}
+
+// ---- lease ----
+
+/// Lease up to `req.max` ready messages of `req.queue` ([`LEASE_SQL`]).
+pub async fn lease(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    req: &LeaseRequest,
+    now: Option<Timestamp>,
+) -> Result<Vec<Leased>, E> {
+    // Nobody is promised a lease's durability (SPEC §4 names publish, ack, nack and operator
+    // actions): a lease lost in a crash leaves its message ready, delivered again with the
+    // same attempt number, like the SQLite store's unsynced leases.
+    tx.batch_execute("SET LOCAL synchronous_commit = off")
+        .await?;
+    let now = resolve_now(tx, now).await?;
+    let expires = now.plus_ms(req.lease_ms);
+    let max = i64::from(req.max.max(1));
+    let budget: Option<i64> = match req.max_bytes {
+        Some(b) if req.max > 1 => Some(b.min(i64::MAX as u64) as i64),
+        _ => None,
+    };
+    let nonce = st.nonce();
+    let rows = query(
+        tx,
+        LEASE_SQL,
+        &[
+            &req.queue,
+            &max,
+            &nonce,
+            &now.as_millis(),
+            &expires.as_millis(),
+            &budget,
+        ],
+    )
+    .await?;
+    let mut rows: Vec<Row> = rows.iter().map(Row::from_pg).collect::<Result<_, _>>()?;
+    // RETURNING has no order: restore the lease order.
+    rows.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.life.due_at.cmp(&b.life.due_at))
+            .then(a.seq.cmp(&b.seq))
+    });
+    let policy = &st.catalog.get(&req.queue).retry;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
+        out.push(Leased {
+            message: row.to_message(None, None)?,
+            attempt: row.life.attempts,
+            max_attempts: row.life.max_attempts(policy),
+            token: row.lease_token.clone().unwrap_or_default(),
+            expires_at: expires,
+            lateness_ms,
+        });
+    }
+    cx.changes += out.len() as u64;
+    if !out.is_empty() {
+        cx.wake_at(expires.as_millis());
+    }
+    Ok(out)
+}
+
+// ---- ack, nack, release, returned, extend ----
+
+/// Ack one lease (see [`redrive_storage::Store::ack`]).
+pub async fn ack(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    ack: &Ack,
+    now: Timestamp,
+) -> Result<Acked, E> {
+    let lease = &ack.lease;
+    let mut row = locked_row(tx, &lease.id).await?;
+    if row.life.state == State::Done && row.lease_token.as_deref() == Some(lease.token.as_str()) {
+        // A retried ack of the lease that made it done.
+        return Ok(Acked {
+            message: row.to_message(None, None)?,
+            repeated: true,
+        });
+    }
+    check_lease(&row, &lease.token, now)?;
+    note_waits(tx, row.seq, row.life.attempts, &ack.waited, now).await?;
+    let life = &mut row.life;
+    life.state = State::Done;
+    life.finished_at = Some(now);
+    life.updated_at = now;
+    life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
+    write_life(tx, row.seq, &row.life, None).await?;
+    let entry = HistoryEntry {
+        attempt: row.life.attempts,
+        at: now,
+        leased_at: row.life.leased_at,
+        event: match ack.event {
+            AckEvent::Acked => HistoryEvent::Acked,
+            AckEvent::Republished => HistoryEvent::Republished,
+        },
+        response: ack.response.clone(),
+    };
+    append_history(tx, row.seq, &entry).await?;
+    key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+    cx.changes += 1;
+    Ok(Acked {
+        message: row.to_message(None, None)?,
+        repeated: false,
+    })
+}
+
+/// Nack one lease: the policy decides.
+pub async fn nack(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    nack: &Nack,
+    now: Timestamp,
+) -> Result<FailureOutcome, E> {
+    let row = leased_row(tx, &nack.lease, now).await?;
+    note_waits(tx, row.seq, row.life.attempts, &nack.waited, now).await?;
+    let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
+    fail_attempt(
+        st,
+        tx,
+        cx,
+        row,
+        &nack.failure,
+        nack.response.as_ref(),
+        end,
+        now,
+    )
+    .await
+}
+
+/// A failed attempt of a locked row: the rules decide, this writes.
+#[allow(clippy::too_many_arguments)]
+async fn fail_attempt(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    mut row: Row,
+    failure: &Failure,
+    response: Option<&AttemptResponse>,
+    end: AttemptEnd,
+    now: Timestamp,
+) -> Result<FailureOutcome, E> {
+    let policy = &st.catalog.get(&row.queue).retry;
+    let failed = st.with_rng(|rng| rules::fail(&mut row.life, policy, failure, end, now, rng));
+    write_failed(st, tx, cx, row, failed, response).await
+}
+
+/// Write a failed attempt the rules applied to `row`.
+async fn write_failed(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    mut row: Row,
+    failed: FailedAttempt,
+    response: Option<&AttemptResponse>,
+) -> Result<FailureOutcome, E> {
+    let FailedAttempt {
+        mut entry,
+        last_error,
+        class,
+        retry_delay_ms,
+    } = failed;
+    entry.response = response.cloned();
+    let last_error = serde_json::to_string(&last_error)?;
+    write_life(tx, row.seq, &row.life, Some((class.as_str(), &last_error))).await?;
+    append_history(tx, row.seq, &entry).await?;
+    row.last_error = Some(last_error);
+    key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+    cx.changes += 1;
+    cx.wake_if_scheduled(&row.life);
+    let message = row.to_message(None, None)?;
+    Ok(FailureOutcome {
+        dead_reason: message.dead_reason,
+        message,
+        class,
+        retry_delay_ms,
+    })
+}
+
+/// Hand a lease back unattempted ([`rules::release`]).
+pub async fn release(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    release: &Release,
+    now: Timestamp,
+) -> Result<Released, E> {
+    let mut row = leased_row(tx, &release.lease, now).await?;
+    // The attempt it waits to make is the one this lease counted (taken back below).
+    note_waits(tx, row.seq, row.life.attempts, &release.waited, now).await?;
+    let policy = &st.catalog.get(&row.queue).retry;
+    match st.with_rng(|rng| rules::release(&mut row.life, policy, release, now, rng)) {
+        Some(failed) => Ok(Released::Charged(
+            write_failed(st, tx, cx, row, failed, None).await?,
+        )),
+        None => {
+            write_life(tx, row.seq, &row.life, None).await?;
+            key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+            cx.changes += 1;
+            cx.wake_if_scheduled(&row.life);
+            Ok(Released::Uncharged(row.to_message(None, None)?))
+        }
+    }
+}
+
+/// A delivered attempt came back failed: apply it once (`None`: already applied).
+pub async fn returned(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    ret: &Returned,
+    now: Timestamp,
+) -> Result<Option<FailureOutcome>, E> {
+    let mut row = locked_row(tx, &ret.id).await?;
+    if !rules::returned_applies(&row.life, ret.attempt) {
+        return Ok(None);
+    }
+    let end = match row.life.state {
+        State::Leased => {
+            // The copy came back before the bridge settled its lease: that the copy exists
+            // proves the broker took it, so the history says so before the failure.
+            append_history(
+                tx,
+                row.seq,
+                &HistoryEntry {
+                    attempt: row.life.attempts,
+                    at: now,
+                    leased_at: row.life.leased_at,
+                    event: HistoryEvent::Republished,
+                    response: None,
+                },
+            )
+            .await?;
+            AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked))
+        }
+        _ => AttemptEnd::default(),
+    };
+    // Back from done: not finished any more (dead sets it again).
+    row.life.finished_at = None;
+    fail_attempt(st, tx, cx, row, &ret.failure, None, end, now)
+        .await
+        .map(Some)
+}
+
+/// Extend a live lease ([`rules::extend`]); the new expiry.
+pub async fn extend(
+    tx: &Transaction<'_>,
+    lease: &LeaseRef,
+    by_ms: u64,
+    now: Option<Timestamp>,
+) -> Result<Timestamp, E> {
+    let now = resolve_now(tx, now).await?;
+    let mut row = leased_row(tx, lease, now).await?;
+    let new = rules::extend(&mut row.life, by_ms, now);
+    write_life(tx, row.seq, &row.life, None).await?;
+    Ok(new)
+}
+
+// ---- operator actions ----
+
+/// Redrive `id` ([`rules::redrive`]); with `payload`, replace its payload (an operator's
+/// edit); `task` names the bulk task doing it.
+pub async fn redrive(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    id: &MessageId,
+    payload: Option<&serde_json::Value>,
+    task: Option<&str>,
+    now: Timestamp,
+) -> Result<Message, E> {
+    let mut row = locked_row(tx, id).await?;
+    let entry = rules::redrive(&mut row.life, payload.is_some(), task, now)?;
+    write_life(tx, row.seq, &row.life, None).await?;
+    if let Some(p) = payload {
+        execute(
+            tx,
+            "UPDATE messages SET payload = $2 WHERE seq = $1",
+            &[&row.seq, &serde_json::to_string(p)?],
+        )
+        .await?;
+    }
+    append_history(tx, row.seq, &entry).await?;
+    key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+    cx.changes += 1;
+    full_message(tx, row.seq).await
+}
+
+/// Kill `id` ([`rules::kill`]).
+pub async fn kill(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    id: &MessageId,
+    reason: Option<String>,
+    now: Timestamp,
+) -> Result<Message, E> {
+    let mut row = locked_row(tx, id).await?;
+    let entry = rules::kill(&mut row.life, reason, now)?;
+    write_life(tx, row.seq, &row.life, None).await?;
+    append_history(tx, row.seq, &entry).await?;
+    key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+    cx.changes += 1;
+    full_message(tx, row.seq).await
+}
+
+/// Delete `id` and its idempotency record; the message as it was.
+pub async fn delete(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    id: &MessageId,
+) -> Result<Message, E> {
+    let row = locked_row(tx, id).await?;
+    let message = full_message(tx, row.seq).await?;
+    execute(tx, "DELETE FROM messages WHERE seq = $1", &[&row.seq]).await?;
+    if let Some(ikey) = &row.idempotency_key {
+        execute(
+            tx,
+            "DELETE FROM idempotency WHERE queue = $1 AND ikey = $2 AND message_id = $3",
+            &[&row.queue, ikey, &row.id],
+        )
+        .await?;
+    }
+    key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+    cx.changes += 1;
+    Ok(message)
+}
+
+/// Forget idempotency keys of `queue`; how many records there were.
+pub async fn forget_idempotency_keys(
+    tx: &Transaction<'_>,
+    queue: &str,
+    keys: &[String],
+) -> Result<u64, E> {
+    execute(
+        tx,
+        "DELETE FROM idempotency WHERE queue = $1 AND ikey = ANY($2)",
+        &[&queue, &keys],
+    )
+    .await
+}
+
+// ---- the scheduler and the janitor ----
+
+/// The queues that have scheduled messages, each with its earliest due time: a skip scan
+/// of `ix_scheduled` (one index seek per queue, whatever each queue's backlog).
+pub async fn scheduled_queues<C: deadpool_postgres::GenericClient>(
+    tx: &C,
+) -> Result<Vec<(String, i64)>, E> {
+    let rows = query(
+        tx,
+        "WITH RECURSIVE qs(queue) AS ( \
+           (SELECT queue FROM messages WHERE state = 0 ORDER BY queue LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT m.queue FROM messages m WHERE m.state = 0 AND m.queue > qs.queue \
+                   ORDER BY m.queue LIMIT 1) FROM qs WHERE qs.queue IS NOT NULL) \
+         SELECT qs.queue, (SELECT m.due_at FROM messages m WHERE m.state = 0 AND m.queue = qs.queue \
+                           ORDER BY m.due_at LIMIT 1) \
+         FROM qs WHERE qs.queue IS NOT NULL",
+        &[],
+    )
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let due: Option<i64> = r.try_get(1)?;
+        if let Some(due) = due {
+            out.push((r.try_get(0)?, due));
+        }
+    }
+    Ok(out)
+}
+
+/// The earliest lease expiry, ms (one seek on `ix_leased`).
+pub async fn next_lease_expiry<C: deadpool_postgres::GenericClient>(
+    c: &C,
+) -> Result<Option<i64>, E> {
+    let r = query_one(
+        c,
+        "SELECT min(lease_expires_at) FROM messages WHERE state = 2",
+        &[],
+    )
+    .await?;
+    Ok(r.try_get(0)?)
+}
+
+/// Promote the scheduled messages due at `t`, at most `limit`, shared fairly among the
+/// queues that have some (as the SQLite store's `promotion.rs`): every due queue gets an
+/// equal share, what one leaves goes to the others; with more due queues than the limit,
+/// one each and the start rotates from tick to tick. Each queue's share is one statement
+/// that locks what it promotes with `SKIP LOCKED`, so two ticks at once promote disjoint
+/// messages. Returns the messages made ready per queue.
+async fn promote(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    t: i64,
+    limit: usize,
+) -> Result<Vec<(String, usize)>, E> {
+    let mut due: Vec<(i64, String)> = scheduled_queues(tx)
+        .await?
+        .into_iter()
+        .filter(|(_, d)| *d <= t)
+        .map(|(q, d)| (d, q))
+        .collect();
+    due.sort();
+    let mut queues: Vec<String> = due.into_iter().map(|(_, q)| q).collect();
+    if queues.len() > limit {
+        let start = st.rotation.load(AtomicOrdering::Relaxed) % queues.len();
+        queues.rotate_left(start);
+        st.rotation.store(start + limit, AtomicOrdering::Relaxed);
+    }
+    let mut left = limit;
+    let mut per_queue: Vec<(String, usize)> = Vec::new();
+    let mut active = queues;
+    while left > 0 && !active.is_empty() {
+        let mut saturated = Vec::new();
+        let count = active.len();
+        for (i, queue) in active.into_iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let share = left.div_ceil(count - i);
+            let n = execute(
+                tx,
+                "UPDATE messages SET state = 1, updated_at = $1 WHERE seq = ANY(ARRAY( \
+                   SELECT seq FROM messages WHERE queue = $2 AND state = 0 AND due_at <= $1 \
+                   ORDER BY due_at LIMIT $3 FOR UPDATE SKIP LOCKED))",
+                &[&t, &queue, &(share as i64)],
+            )
+            .await? as usize;
+            left -= n.min(left);
+            if n > 0 {
+                match per_queue.iter_mut().find(|(q, _)| *q == queue) {
+                    Some((_, total)) => *total += n,
+                    None => per_queue.push((queue.clone(), n)),
+                }
+            }
+            if n == share {
+                saturated.push(queue);
+            }
+        }
+        active = saturated;
+    }
+    Ok(per_queue)
+}
+
+/// The scheduler's step (see [`redrive_storage::Store::tick`]).
+pub async fn tick(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    now: Option<Timestamp>,
+) -> Result<TickOutcome, E> {
+    // Like a lease: a promotion or an expiry is nobody's acknowledged write, and is redone
+    // by the next tick if a crash loses it.
+    tx.batch_execute("SET LOCAL synchronous_commit = off")
+        .await?;
+    let now = resolve_now(tx, now).await?;
+    let t = now.as_millis();
+    let promoted = promote(st, tx, t, TICK_PROMOTE_LIMIT).await?;
+    let mut ready_queues: Vec<String> = Vec::new();
+    for (q, n) in promoted {
+        cx.changes += n as u64;
+        ready_queues.push(q);
+    }
+    let sql = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages WHERE state = 2 AND lease_expires_at <= $1 \
+         ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+    );
+    let rows = query(tx, sql, &[&t, &TICK_EXPIRE_LIMIT]).await?;
+    let mut more = rows.len() as i64 >= TICK_EXPIRE_LIMIT;
+    let mut expired = Vec::with_capacity(rows.len());
+    let lease_expired = Failure::lease_expired();
+    for r in &rows {
+        let row = Row::from_pg(r)?;
+        let end = AttemptEnd::lease(LeaseEnd::Expired);
+        let outcome = fail_attempt(st, tx, cx, row, &lease_expired, None, end, now).await?;
+        if outcome.message.state == State::Ready && !ready_queues.contains(&outcome.message.queue) {
+            ready_queues.push(outcome.message.queue.clone());
+        }
+        expired.push(outcome);
+    }
+    let scheduled = scheduled_queues(tx).await?;
+    more |= scheduled.iter().any(|(_, d)| *d <= t);
+    let next = if more {
+        Some(t)
+    } else {
+        let earliest = scheduled.iter().map(|(_, d)| *d).min();
+        match (earliest, next_lease_expiry(tx).await?) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    };
+    cx.wake = None;
+    cx.exact_wake = Some(next);
+    Ok(TickOutcome {
+        ready_queues,
+        expired,
+        next_wake: next.map(Timestamp::from_millis),
+        more,
+    })
+}
+
+/// Delete done messages finished before `now - done_retention_ms` (at most
+/// [`PURGE_LIMIT`]; their history goes with them) and expired idempotency records; a
+/// purged message's live key keeps a tombstone.
+pub async fn purge(
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    now: Option<Timestamp>,
+    done_retention_ms: u64,
+) -> Result<PurgeOutcome, E> {
+    let now = resolve_now(tx, now).await?;
+    let cutoff = now
+        .as_millis()
+        .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
+    let rows = query(
+        tx,
+        "DELETE FROM messages WHERE seq = ANY(ARRAY( \
+           SELECT seq FROM messages WHERE state = 3 AND finished_at < $1 \
+           ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+         RETURNING queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
+         priority, msg_key, headers",
+        &[&cutoff, &PURGE_LIMIT],
+    )
+    .await?;
+    let more = rows.len() as i64 >= PURGE_LIMIT;
+    let mut per_queue: Vec<(String, u64)> = Vec::new();
+    for r in &rows {
+        let queue: String = r.try_get(0)?;
+        let ikey: Option<String> = r.try_get(1)?;
+        if let Some(ikey) = ikey {
+            // The key outlives the message (SPEC §4): its record keeps what a replay answers.
+            let headers: Option<String> = r.try_get(9)?;
+            let priority: i16 = r.try_get(7)?;
+            let attempts: i32 = r.try_get(6)?;
+            let tombstone = Tombstone {
+                created_at: r.try_get(3)?,
+                updated_at: r.try_get(4)?,
+                finished_at: r.try_get(5)?,
+                attempts: attempts.max(0) as u32,
+                priority: priority.clamp(0, 255) as u8,
+                key: r.try_get(8)?,
+                headers: match headers {
+                    Some(h) => serde_json::from_str(&h)?,
+                    None => BTreeMap::new(),
+                },
+            };
+            let id: String = r.try_get(2)?;
+            execute(
+                tx,
+                "UPDATE idempotency SET tombstone = $4::text::jsonb \
+                 WHERE queue = $1 AND ikey = $2 AND message_id = $3",
+                &[&queue, &ikey, &id, &serde_json::to_string(&tombstone)?],
+            )
+            .await?;
+        }
+        match per_queue.iter_mut().find(|(q, _)| *q == queue) {
+            Some((_, c)) => *c += 1,
+            None => per_queue.push((queue, 1)),
+        }
+    }
+    cx.changes += rows.len() as u64;
+    let idempotency_deleted = execute(
+        tx,
+        "DELETE FROM idempotency WHERE expires_at <= $1",
+        &[&now.as_millis()],
+    )
+    .await?;
+    // Keys with nothing left in their order; one a transition holds is left for next time.
+    execute(
+        tx,
+        "DELETE FROM key_heads WHERE (queue, msg_key) IN (SELECT queue, msg_key FROM key_heads \
+         WHERE head_seq IS NULL LIMIT 10000 FOR UPDATE SKIP LOCKED)",
+        &[],
+    )
+    .await?;
+    Ok(PurgeOutcome {
+        done_deleted: per_queue,
+        idempotency_deleted,
+        more,
+    })
+}
