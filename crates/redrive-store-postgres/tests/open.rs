@@ -1,0 +1,186 @@
+//! Opening the PostgreSQL store: migrations (twice, at once, a newer schema refused), TLS
+//! refused, an unreachable server is `Unavailable`, `synchronous_commit` read, and the
+//! database's clock when no time is given.
+
+mod common;
+
+use redrive_core::{NewMessage, State, Timestamp};
+use redrive_storage::conformance::{Setup, Q};
+use redrive_storage::{LeaseRequest, Store, StoreError};
+use redrive_store_postgres::{PostgresOptions, PostgresStore, SCHEMA_VERSION};
+use serde_json::json;
+
+const PREFIX: &str = "redrive_t_open";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_twice_and_at_once_migrates_once() {
+    let guard = common::fresh_schema(PREFIX);
+    let opts = common::options(&guard.0, &Setup::default());
+    // Two opens racing on a schema that does not exist yet.
+    let (a, b) = tokio::join!(
+        PostgresStore::open(opts.clone()),
+        PostgresStore::open(opts.clone())
+    );
+    let (a, b) = (a.expect("first open"), b.expect("second open"));
+    a.publish(
+        vec![NewMessage::new(Q, json!(1))],
+        Timestamp::from_millis(1),
+    )
+    .await
+    .expect("publish");
+    a.close().await;
+    b.close().await;
+    // Open again: nothing to migrate, the message is there.
+    let c = PostgresStore::open(opts).await.expect("reopen");
+    let stats = c.queue_stats().await.expect("stats");
+    assert_eq!(stats[0].count(State::Ready), 1);
+    c.close().await;
+    let versions = query_one_i64(&format!(
+        "SELECT count(*) FROM {}.schema_migrations",
+        guard.0
+    ))
+    .await;
+    assert_eq!(
+        versions,
+        i64::from(SCHEMA_VERSION),
+        "each step recorded once"
+    );
+}
+
+async fn query_one_i64(sql: &str) -> i64 {
+    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+        .query_one(sql, &[])
+        .await
+        .expect("query")
+        .get::<_, i64>(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_naming_both_versions() {
+    let guard = common::fresh_schema(PREFIX);
+    let opts = common::options(&guard.0, &Setup::default());
+    PostgresStore::open(opts.clone())
+        .await
+        .expect("open")
+        .close()
+        .await;
+    let newer = SCHEMA_VERSION + 41;
+    common::run_blocking(format!(
+        "INSERT INTO {}.schema_migrations (version) VALUES ({newer})",
+        guard.0
+    ));
+    match PostgresStore::open(opts).await {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("version {newer}"))
+                    && text.contains(&format!("up to {SCHEMA_VERSION}")),
+                "the refusal names both versions: {text}"
+            );
+        }
+        Ok(_) => panic!("a schema of version {newer} was opened"),
+    }
+}
+
+#[tokio::test]
+async fn tls_is_refused_at_open() {
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let mut opts = PostgresOptions::new(format!("{}?sslmode={mode}", common::url()));
+        opts.schema = "redrive_t_never_made".into();
+        match PostgresStore::open(opts).await {
+            Err(e) => assert!(
+                e.to_string().contains("TLS is not supported yet"),
+                "sslmode={mode}: {e}"
+            ),
+            Ok(_) => panic!("sslmode={mode} was accepted"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_tls_modes_open() {
+    for mode in ["disable", "prefer"] {
+        let guard = common::fresh_schema(PREFIX);
+        let mut opts = common::options(&guard.0, &Setup::default());
+        opts.url = format!("{}?sslmode={mode}", common::url());
+        let s = PostgresStore::open(opts)
+            .await
+            .unwrap_or_else(|e| panic!("sslmode={mode}: {e}"));
+        s.close().await;
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    // Port 1 on the loopback: refused at once.
+    let mut opts = PostgresOptions::new("postgres://root@127.0.0.1:1/test");
+    opts.schema = "redrive_t_never_made".into();
+    match PostgresStore::open(opts).await {
+        Err(StoreError::Unavailable(why)) => assert!(!why.is_empty()),
+        Err(other) => panic!("expected Unavailable, got {other:?}"),
+        Ok(_) => panic!("opened a store on port 1"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_commit_is_read_and_the_database_clock_is_used_without_a_time() {
+    let (s, _guard) = common::open(PREFIX, Setup::default()).await;
+    let expected = {
+        let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        let v: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .expect("show")
+            .get(0);
+        v == "off"
+    };
+    assert_eq!(s.synchronous_commit_off(), expected);
+    let before = Timestamp::now().as_millis();
+    let p = s
+        .publish_at(vec![NewMessage::new(Q, json!("now"))], None)
+        .await
+        .expect("publish at the database's time");
+    let after = Timestamp::now().as_millis();
+    let created = p[0].message.created_at.as_millis();
+    // The database runs on this machine: its clock is this one's, within a second.
+    assert!(
+        created >= before - 1_000 && created <= after + 1_000,
+        "created at {created}, not between {before} and {after}"
+    );
+    let leased = s
+        .lease_at(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 1,
+                lease_ms: 30_000,
+                max_bytes: None,
+            },
+            None,
+        )
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), 1);
+    assert_eq!(
+        leased[0].expires_at.as_millis() - leased[0].message.updated_at.as_millis(),
+        30_000
+    );
+    let t = s.tick_at(None).await.expect("tick");
+    assert_eq!(t.next_wake, Some(leased[0].expires_at));
+    s.close().await;
+    assert!(s.poisoned().is_some(), "a closed store says so");
+    assert!(matches!(
+        s.publish(
+            vec![NewMessage::new(Q, json!(1))],
+            Timestamp::from_millis(1)
+        )
+        .await,
+        Err(StoreError::Closed)
+    ));
+}
