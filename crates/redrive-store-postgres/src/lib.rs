@@ -35,10 +35,8 @@
 //!
 //! # Not yet
 //!
-//! - Group commit: each call is its own transaction and commit. The write path runs every
-//!   transition as a function of (transaction, context), so a batcher that collects
-//!   concurrent calls into one transaction (savepoint per call) can be added without
-//!   touching the transitions.
+//! - Group commit covers publish, ack and nack (`group_commit.rs`); release, return,
+//!   extend, operator actions, leases and ticks commit alone (each their own transaction).
 //! - LISTEN/NOTIFY: [`Store::wake_hint`] is fed only by this store's own writes; another
 //!   node's publish is seen at the next tick.
 //! - Queue statistics are counted with `GROUP BY` on each call (no counters table yet).
@@ -92,6 +90,9 @@ pub struct PostgresOptions {
     pub idempotency_window_ms: u64,
     /// Seed of the store's generator (retry jitter, lease nonces); random when `None`.
     pub seed: Option<u64>,
+    /// Group commit: concurrent publish, ack and nack calls share one transaction and one
+    /// commit (`group_commit.rs`). On by default.
+    pub group_commit: bool,
 }
 
 impl std::fmt::Debug for PostgresOptions {
@@ -116,6 +117,7 @@ impl PostgresOptions {
             catalog: Arc::new(QueueCatalog::default()),
             idempotency_window_ms: 24 * 3_600_000,
             seed: None,
+            group_commit: true,
         }
     }
 }
@@ -157,6 +159,8 @@ pub(crate) struct Inner {
     epoch: u64,
     /// Where the tick's promotion starts when more queues are due than it serves.
     pub rotation: AtomicUsize,
+    wake_tx: watch::Sender<Option<Timestamp>>,
+    stats: Mutex<CommitStats>,
 }
 
 impl Inner {
@@ -164,6 +168,31 @@ impl Inner {
     pub fn with_rng<T>(&self, f: impl FnOnce(&mut SplitMix64) -> T) -> T {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut rng)
+    }
+
+    /// After a commit: count it, and move the wake hint earlier (or where a tick put it).
+    pub fn committed(&self, ctx: Ctx, took: Duration) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.commits += 1;
+            s.changes += ctx.changes;
+            s.commit_seconds += took.as_secs_f64();
+        }
+        if ctx.exact_wake.is_none() && ctx.wake.is_none() {
+            return;
+        }
+        self.wake_tx.send_if_modified(|hint| {
+            let mut next = match ctx.exact_wake {
+                Some(exact) => exact,
+                None => hint.map(Timestamp::as_millis),
+            };
+            if let Some(w) = ctx.wake {
+                next = Some(next.map_or(w, |n| n.min(w)));
+            }
+            let next = next.map(Timestamp::from_millis);
+            let changed = *hint != next;
+            *hint = next;
+            changed
+        });
     }
 
     /// A lease call's nonce: random per call, mixed with the open's epoch.
@@ -176,9 +205,9 @@ impl Inner {
 /// The PostgreSQL store. Cheap to share behind an `Arc`.
 pub struct PostgresStore {
     inner: Arc<Inner>,
-    wake_tx: watch::Sender<Option<Timestamp>>,
+    /// The group-commit batcher of publish, ack and nack (`None`: each call commits alone).
+    batcher: Option<group_commit::Batcher>,
     closed: AtomicBool,
-    stats: Mutex<CommitStats>,
     synchronous_commit_off: bool,
     schema: String,
 }
@@ -193,11 +222,18 @@ impl std::fmt::Debug for PostgresStore {
 
 /// A transaction that conflicts (serialization failure, deadlock, a race on an
 /// idempotency key) is run again at most this many times.
-const MAX_RETRIES: u32 = 5;
+pub(crate) const MAX_RETRIES: u32 = 5;
 
 /// How long a call waits for a pooled connection, or for a new one to be made, before it
 /// fails as [`StoreError::Unavailable`].
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A batcher's answer of another kind than its job (a bug).
+fn mixed_up(done: group_commit::Done) -> StoreError {
+    StoreError::Backend(format!(
+        "group commit answered another kind of call: {done:?}"
+    ))
+}
 
 /// Refuse a URL that asks for TLS: this build connects without (`NoTls`).
 fn refuse_tls(url: &str) -> Result<(), StoreError> {
@@ -256,7 +292,7 @@ macro_rules! write_tx {
                 .await;
                 match r {
                     Ok((v, ctx, took)) => {
-                        store.committed(ctx, took);
+                        store.inner.committed(ctx, took);
                         break Ok(v);
                     }
                     Err(E::Retry(why)) if tries < MAX_RETRIES => {
@@ -311,6 +347,8 @@ macro_rules! per_item {
         }
     }};
 }
+
+mod group_commit;
 
 impl PostgresStore {
     /// Connect, create the schema if missing and migrate it (refusing one newer than this
@@ -369,18 +407,23 @@ impl PostgresStore {
         .await;
         let (synchronous_commit_off, wake) = setup.map_err(E::into_store)?;
         let seed = opts.seed.unwrap_or_else(random_seed);
-        Ok(Self {
-            inner: Arc::new(Inner {
-                pool,
-                catalog: opts.catalog,
-                idempotency_window_ms: opts.idempotency_window_ms,
-                rng: Mutex::new(SplitMix64::new(seed)),
-                epoch: random_seed(),
-                rotation: AtomicUsize::new(0),
-            }),
+        let inner = Arc::new(Inner {
+            pool,
+            catalog: opts.catalog,
+            idempotency_window_ms: opts.idempotency_window_ms,
+            rng: Mutex::new(SplitMix64::new(seed)),
+            epoch: random_seed(),
+            rotation: AtomicUsize::new(0),
             wake_tx: watch::Sender::new(wake.map(Timestamp::from_millis)),
-            closed: AtomicBool::new(false),
             stats: Mutex::new(CommitStats::default()),
+        });
+        let batcher = opts
+            .group_commit
+            .then(|| group_commit::Batcher::start(inner.clone()));
+        Ok(Self {
+            inner,
+            batcher,
+            closed: AtomicBool::new(false),
             synchronous_commit_off,
             schema: opts.schema,
         })
@@ -406,29 +449,17 @@ impl PostgresStore {
         }
     }
 
-    /// After a commit: count it, and move the wake hint earlier (or where a tick put it).
-    fn committed(&self, ctx: Ctx, took: Duration) {
-        if let Ok(mut s) = self.stats.lock() {
-            s.commits += 1;
-            s.changes += ctx.changes;
-            s.commit_seconds += took.as_secs_f64();
-        }
-        if ctx.exact_wake.is_none() && ctx.wake.is_none() {
-            return;
-        }
-        self.wake_tx.send_if_modified(|hint| {
-            let mut next = match ctx.exact_wake {
-                Some(exact) => exact,
-                None => hint.map(Timestamp::as_millis),
-            };
-            if let Some(w) = ctx.wake {
-                next = Some(next.map_or(w, |n| n.min(w)));
+    /// Run a publish, ack or nack: in the batcher's next batch, or alone.
+    async fn batched(&self, work: group_commit::Work) -> Result<group_commit::Done, StoreError> {
+        self.check_open()?;
+        match &self.batcher {
+            Some(b) => b.submit(work).await,
+            None => {
+                let inner = &*self.inner;
+                write_tx!(self, |tx, cx| group_commit::run_work(inner, &tx, cx, &work)
+                    .await)
             }
-            let next = next.map(Timestamp::from_millis);
-            let changed = *hint != next;
-            *hint = next;
-            changed
-        });
+        }
     }
 
     /// [`Store::publish`] at `now` (`None`: the database's clock).
@@ -437,11 +468,13 @@ impl PostgresStore {
         items: Vec<NewMessage>,
         now: Option<Timestamp>,
     ) -> Result<Vec<Published>, StoreError> {
-        let inner = &*self.inner;
-        write_tx!(self, |tx, cx| transitions::publish(
-            inner, &tx, cx, &items, now
-        )
-        .await)
+        match self
+            .batched(group_commit::Work::Publish(items, now))
+            .await?
+        {
+            group_commit::Done::Publish(v) => Ok(v),
+            other => Err(mixed_up(other)),
+        }
     }
 
     /// [`Store::lease`] at `now` (`None`: the database's clock).
@@ -461,12 +494,10 @@ impl PostgresStore {
         items: Vec<Ack>,
         now: Option<Timestamp>,
     ) -> Result<Vec<Result<Acked, StoreError>>, StoreError> {
-        let inner = &*self.inner;
-        write_tx!(self, |tx, cx| {
-            let now = sql::resolve_now(&tx, now).await?;
-            per_item!(&items, |a| transitions::ack(inner, &tx, &mut *cx, a, now)
-                .await)
-        })
+        match self.batched(group_commit::Work::Ack(items, now)).await? {
+            group_commit::Done::Ack(v) => Ok(v),
+            other => Err(mixed_up(other)),
+        }
     }
 
     /// [`Store::nack`] at `now` (`None`: the database's clock).
@@ -475,12 +506,10 @@ impl PostgresStore {
         items: Vec<Nack>,
         now: Option<Timestamp>,
     ) -> Result<Vec<Result<FailureOutcome, StoreError>>, StoreError> {
-        let inner = &*self.inner;
-        write_tx!(self, |tx, cx| {
-            let now = sql::resolve_now(&tx, now).await?;
-            per_item!(&items, |n| transitions::nack(inner, &tx, &mut *cx, n, now)
-                .await)
-        })
+        match self.batched(group_commit::Work::Nack(items, now)).await? {
+            group_commit::Done::Nack(v) => Ok(v),
+            other => Err(mixed_up(other)),
+        }
     }
 
     /// [`Store::release`] at `now` (`None`: the database's clock).
@@ -815,23 +844,30 @@ impl Store for PostgresStore {
     }
 
     fn wake_hint(&self) -> watch::Receiver<Option<Timestamp>> {
-        self.wake_tx.subscribe()
+        self.inner.wake_tx.subscribe()
     }
 
     fn poisoned(&self) -> Option<String> {
         // A database that is down is not a poisoned store: its calls fail `Unavailable`
         // and succeed again once it is back.
-        self.closed
-            .load(Ordering::SeqCst)
-            .then(|| "the store is closed".to_owned())
+        if self.closed.load(Ordering::SeqCst) {
+            return Some("the store is closed".to_owned());
+        }
+        self.batcher
+            .as_ref()
+            .is_some_and(group_commit::Batcher::stopped)
+            .then(|| "the store's group-commit task has stopped".to_owned())
     }
 
     async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        if let Some(b) = &self.batcher {
+            b.close().await;
+        }
         self.inner.pool.close();
     }
 
     fn commit_stats(&self) -> CommitStats {
-        self.stats.lock().map(|s| *s).unwrap_or_default()
+        self.inner.stats.lock().map(|s| *s).unwrap_or_default()
     }
 }
