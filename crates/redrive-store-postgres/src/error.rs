@@ -59,6 +59,12 @@ impl From<deadpool_postgres::PoolError> for E {
 }
 
 impl E {
+    /// A statement failed because its connection was lost (closed, or terminated by the
+    /// server), not because the database refused it: the next connection may succeed.
+    pub fn lost_connection(&self) -> bool {
+        matches!(self, E::Db(StoreError::Unavailable(_)))
+    }
+
     /// The error to answer with (a retry that was given up on is a backend error).
     pub fn into_store(self) -> StoreError {
         match self {

@@ -11,7 +11,8 @@
 //! A job that fails is rolled back to its savepoint and answered with its error, and the
 //! batch goes on; a job that conflicts (deadlock, serialization failure, a racing
 //! idempotency key) is rolled back and queued again for the next batch, at most
-//! `MAX_RETRIES` times. If the commit fails, every job of the batch fails with it (the
+//! `MAX_RETRIES` times, and so is every job of a batch whose connection was lost before
+//! its commit was sent (nothing of it committed). If the commit fails, every job of the batch fails with it (the
 //! connection lost during a commit is `Unavailable`: its outcome is unknown, as for any
 //! single commit). Locks taken by a batch are held until its commit, for a few
 //! milliseconds longer than a lone call's.
@@ -175,11 +176,16 @@ async fn run(inner: Arc<Inner>, mut rx: mpsc::Receiver<Command>) {
     }
 }
 
-/// Answer `job` with `e` (or hand it back to run again, when it conflicted and may).
+/// Answer `job` with `e` (or hand it back to run again, when it conflicted, or lost its
+/// connection before the commit, and may).
 fn fail(job: Job, e: E, again: &mut Vec<Job>) {
     match e {
-        E::Retry(why) if job.tries < MAX_RETRIES => {
-            tracing::debug!(%why, tries = job.tries, "a batched call conflicted; again");
+        E::Retry(_) | E::Db(StoreError::Unavailable(_)) if job.tries < MAX_RETRIES => {
+            tracing::debug!(
+                ?e,
+                tries = job.tries,
+                "a batched call failed before its commit; again"
+            );
             again.push(Job {
                 tries: job.tries + 1,
                 ..job
@@ -209,7 +215,7 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
         Err(e) => {
             let e = crate::error::store_error(&e);
             for job in batch {
-                let _ = job.reply.send(Err(e.clone()));
+                fail(job, E::Db(e.clone()), &mut again);
             }
             return again;
         }
@@ -220,7 +226,7 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
     let mut broken: Option<StoreError> = None;
     for job in batch {
         if let Some(e) = &broken {
-            let _ = job.reply.send(Err(e.clone()));
+            fail(job, E::Db(e.clone()), &mut again);
             continue;
         }
         let mut jcx = Ctx::default();
@@ -253,7 +259,7 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
                     // The connection is gone: nothing of this transaction will commit.
                     let rb = crate::error::store_error(&rb);
                     broken = Some(rb.clone());
-                    let _ = job.reply.send(Err(rb));
+                    fail(job, E::Db(rb), &mut again);
                     continue;
                 }
                 fail(job, e, &mut again);
@@ -261,8 +267,9 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
         }
     }
     if let Some(e) = broken {
+        // Nothing of this transaction committed: the jobs that had run go again too.
         for (job, _) in done {
-            let _ = job.reply.send(Err(e.clone()));
+            fail(job, E::Db(e.clone()), &mut again);
         }
         return again;
     }

@@ -277,16 +277,19 @@ macro_rules! write_tx {
             store.check_open()?;
             let mut tries = 0u32;
             loop {
-                let r: Result<_, E> = async {
-                    let mut client = store.inner.pool.get().await?;
-                    let $tx = client.transaction().await?;
+                // The error, and whether COMMIT had been sent when it happened.
+                let r: Result<_, (E, bool)> = async {
+                    let mut client = store.inner.pool.get().await.map_err(|e| (E::from(e), true))?;
+                    let $tx = client.transaction().await.map_err(|e| (E::from(e), false))?;
                     let mut ctx = Ctx::default();
                     let v = {
                         let $cx = &mut ctx;
-                        $body
-                    }?;
+                        let r: Result<_, E> = async { $body }.await;
+                        r
+                    }
+                    .map_err(|e| (e, false))?;
                     let started = Instant::now();
-                    $tx.commit().await?;
+                    $tx.commit().await.map_err(|e| (E::from(e), true))?;
                     Ok((v, ctx, started.elapsed()))
                 }
                 .await;
@@ -295,11 +298,17 @@ macro_rules! write_tx {
                         store.inner.committed(ctx, took);
                         break Ok(v);
                     }
-                    Err(E::Retry(why)) if tries < MAX_RETRIES => {
+                    Err((E::Retry(why), _)) if tries < MAX_RETRIES => {
                         tries += 1;
                         tracing::debug!(%why, tries, "PostgreSQL transaction conflicted; again");
                     }
-                    Err(e) => break Err(e.into_store()),
+                    // A pooled connection found dead before COMMIT was sent: nothing
+                    // committed, so run it again on a new one (the pool drops the dead one).
+                    Err((e, false)) if e.lost_connection() && tries < MAX_RETRIES => {
+                        tries += 1;
+                        tracing::debug!(?e, tries, "PostgreSQL connection lost; again");
+                    }
+                    Err((e, _)) => break Err(e.into_store()),
                 }
             }
         }
@@ -308,17 +317,24 @@ macro_rules! write_tx {
 }
 
 /// Run `$body` (using the pooled connection `$c`) outside any transaction of ours: a read.
+/// A read on a connection found dead runs again on a new one.
 macro_rules! read {
     ($store:expr, |$c:ident| $body:expr) => {{
         let store: &PostgresStore = $store;
         async {
             store.check_open()?;
-            let r: Result<_, E> = async {
-                let $c = store.inner.pool.get().await?;
-                $body
+            let mut tries = 0u32;
+            loop {
+                let r: Result<_, E> = async {
+                    let $c = store.inner.pool.get().await?;
+                    $body
+                }
+                .await;
+                match r {
+                    Err(e) if e.lost_connection() && tries < MAX_RETRIES => tries += 1,
+                    r => break r.map_err(E::into_store),
+                }
             }
-            .await;
-            r.map_err(E::into_store)
         }
         .await
     }};

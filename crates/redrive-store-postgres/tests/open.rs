@@ -184,3 +184,101 @@ async fn synchronous_commit_is_read_and_the_database_clock_is_used_without_a_tim
         Err(StoreError::Closed)
     ));
 }
+
+/// The store's connections are killed by the server (a restart, an operator's
+/// `pg_terminate_backend`): calls on them fail `Unavailable`, never `Poisoned`, the store
+/// is not poisoned, and the next calls succeed on new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connections_are_unavailable_then_recovered() {
+    let guard = common::fresh_schema(PREFIX);
+    let app = format!("{}_app", guard.0);
+    let mut opts = common::options(&guard.0, &Setup::default());
+    opts.url = format!("{}?application_name={app}", common::url());
+    opts.pool_size = 2;
+    let s = PostgresStore::open(opts).await.expect("open");
+    s.publish(
+        vec![NewMessage::new(Q, json!(1))],
+        Timestamp::from_millis(1),
+    )
+    .await
+    .expect("publish");
+    // Two calls at once, so that both pooled connections exist.
+    let (x, y) = tokio::join!(s.queue_stats(), s.get(redrive_core::MessageId::new()));
+    x.expect("stats");
+    y.expect("get");
+    common::run_blocking(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{app}'"
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut failures = 0;
+    let mut ok = false;
+    for _ in 0..6 {
+        match s
+            .publish(
+                vec![NewMessage::new(Q, json!(2))],
+                Timestamp::from_millis(2),
+            )
+            .await
+        {
+            Ok(_) => {
+                ok = true;
+                break;
+            }
+            Err(StoreError::Unavailable(_)) => failures += 1,
+            Err(other) => panic!("a lost connection answered {other:?}, not Unavailable"),
+        }
+        assert_eq!(s.poisoned(), None, "a lost connection poisoned the store");
+    }
+    eprintln!("calls failed Unavailable before the store recovered: {failures}");
+    assert!(ok, "the store did not recover after {failures} failures");
+    let stats = s.queue_stats().await.expect("stats after recovery");
+    assert_eq!(stats[0].count(State::Ready), 2);
+
+    // A connection lost in the middle of a call, before its commit: the kill waits for a
+    // row lock another session holds, and its backend is terminated meanwhile. Nothing of
+    // it committed, so it runs again on a new connection and succeeds once the lock goes.
+    let id = stats_first_id(&s).await;
+    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {}.messages FOR UPDATE",
+            guard.0
+        ))
+        .await
+        .expect("lock the rows");
+    let s = std::sync::Arc::new(s);
+    let killing = {
+        let s = s.clone();
+        tokio::spawn(async move { s.kill(id, None, Timestamp::from_millis(3)).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    common::run_blocking(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{app}'"
+    ));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !killing.is_finished(),
+        "the kill should wait for the lock again"
+    );
+    assert_eq!(s.poisoned(), None, "a lost connection poisoned the store");
+    client.batch_execute("ROLLBACK").await.expect("unlock");
+    let killed = killing
+        .await
+        .expect("kill task")
+        .expect("the kill, run again on a new connection");
+    assert_eq!(killed.state, State::Dead);
+    // Every statement now on a live connection.
+    s.queue_stats().await.expect("stats");
+    s.close().await;
+}
+
+async fn stats_first_id(s: &PostgresStore) -> redrive_core::MessageId {
+    s.search(Default::default(), 1, None)
+        .await
+        .expect("search")
+        .messages[0]
+        .id
+}
