@@ -11,7 +11,9 @@
 //!   delete): a few index seeks whatever the key's backlog (the touched row, the first two
 //!   of the key's order, whether the key has a lease);
 //! - the claim itself: it only takes heads, and a leased head waits (`key_blocked` true);
-//! - nothing for a promotion (scheduled → ready changes neither who takes part nor leases).
+//! - nothing for a promotion (scheduled → ready changes neither who takes part nor leases);
+//! - [`reconcile`] at open, when a queue's `ordering` or `on_dead` changed since its rows
+//!   were written (recorded in `meta`).
 //!
 //! Concurrency (several transactions, several nodes): `settle` first locks the key's
 //! `key_heads` row, so settles of one key run one at a time, then locks the key's recorded
@@ -26,9 +28,11 @@ use crate::error::E;
 use crate::sql::{execute, query, query_one, query_opt};
 use crate::Inner;
 use deadpool_postgres::Transaction;
-use redrive_core::State;
+use redrive_core::{QueueCatalog, State};
 use redrive_storage::rules::KeyMode;
 use redrive_storage::StoreError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The `key_blocked` a new message is inserted with: NULL when it takes no part, waiting
 /// otherwise ([`settle`] then makes it the head if it is one).
@@ -158,6 +162,128 @@ async fn set(tx: &Transaction<'_>, seq: i64, value: Option<bool>) -> Result<(), 
         tx,
         "UPDATE messages SET key_blocked = $2 WHERE seq = $1",
         &[&seq, &value],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The ordering mode of every queue, as recorded in `meta` (`key_order_modes`) next to
+/// the rows it produced, so that a changed configuration is noticed at open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Modes {
+    default: KeyMode,
+    queues: BTreeMap<String, KeyMode>,
+}
+
+impl Modes {
+    fn of(catalog: &QueueCatalog) -> Self {
+        // The empty name is never a configured queue: it gets the default settings.
+        let default = KeyMode::of(catalog.get(""));
+        let queues = catalog
+            .configured()
+            .map(|q| (q.to_owned(), KeyMode::of(catalog.get(q))))
+            .filter(|(_, m)| *m != default)
+            .collect();
+        Self { default, queues }
+    }
+
+    fn get(&self, queue: &str) -> KeyMode {
+        self.queues.get(queue).copied().unwrap_or(self.default)
+    }
+}
+
+/// At open: when the ordering of a queue changed since its rows were written, rewrite their
+/// `key_blocked` and `key_heads` (one pass over the queue's keyed messages), and record the
+/// modes; one transaction under the schema's migration lock. Without it, messages of a
+/// queue made unordered would stay blocked for ever, and those of a queue made ordered
+/// would all be leasable at once. (The nodes of a cluster must agree on their queues'
+/// ordering: each open under another configuration rewrites it.)
+pub async fn reconcile(
+    client: &mut deadpool_postgres::Client,
+    schema: &str,
+    catalog: &QueueCatalog,
+) -> Result<(), E> {
+    let now = Modes::of(catalog);
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&crate::schema::lock_key(schema)],
+    )
+    .await?;
+    let recorded = query_opt(&tx, "SELECT v FROM meta WHERE k = 'key_order_modes'", &[]).await?;
+    let before = match recorded {
+        Some(r) => serde_json::from_str(&r.try_get::<_, String>(0)?)?,
+        // A new schema: every row was written unordered (NULL), which is what
+        // `Unordered` writes.
+        None => Modes {
+            default: KeyMode::Unordered,
+            queues: BTreeMap::new(),
+        },
+    };
+    if before == now {
+        tx.commit().await?;
+        return Ok(());
+    }
+    let queues = query(&tx, "SELECT DISTINCT queue FROM messages", &[]).await?;
+    for r in &queues {
+        let queue: String = r.try_get(0)?;
+        let mode = now.get(&queue);
+        if before.get(&queue) != mode {
+            rebuild(&tx, &queue, mode).await?;
+            tracing::info!(
+                queue,
+                ?mode,
+                "rewrote the per-key order of a queue whose ordering changed"
+            );
+        }
+    }
+    execute(
+        &tx,
+        "INSERT INTO meta (k, v) VALUES ('key_order_modes', $1) \
+         ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+        &[&serde_json::to_string(&now)?],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Rewrite `key_blocked` and `key_heads` for every message of `queue` under `mode`.
+async fn rebuild(tx: &Transaction<'_>, queue: &str, mode: KeyMode) -> Result<(), E> {
+    execute(
+        tx,
+        "UPDATE messages SET key_blocked = NULL WHERE queue = $1 AND key_blocked IS NOT NULL",
+        &[&queue],
+    )
+    .await?;
+    execute(tx, "DELETE FROM key_heads WHERE queue = $1", &[&queue]).await?;
+    let taking_part = match mode {
+        KeyMode::Unordered => return Ok(()),
+        KeyMode::Skip => "0, 1, 2",
+        KeyMode::Block => "0, 1, 2, 4",
+    };
+    execute(
+        tx,
+        &format!(
+            "UPDATE messages SET key_blocked = true WHERE queue = $1 AND msg_key IS NOT NULL \
+             AND state IN ({taking_part})"
+        ),
+        &[&queue],
+    )
+    .await?;
+    execute(
+        tx,
+        "INSERT INTO key_heads (queue, msg_key, head_seq) SELECT queue, msg_key, min(seq) \
+         FROM messages WHERE queue = $1 AND key_blocked IS NOT NULL GROUP BY queue, msg_key",
+        &[&queue],
+    )
+    .await?;
+    execute(
+        tx,
+        "UPDATE messages SET key_blocked = false WHERE seq IN (SELECT head_seq FROM key_heads \
+         WHERE queue = $1) AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.queue = $1 \
+         AND l.msg_key = messages.msg_key AND l.state = 2)",
+        &[&queue],
     )
     .await?;
     Ok(())

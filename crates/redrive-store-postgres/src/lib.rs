@@ -40,8 +40,9 @@
 //! - LISTEN/NOTIFY: [`Store::wake_hint`] is fed only by this store's own writes; another
 //!   node's publish is seen at the next tick.
 //! - Queue statistics are counted with `GROUP BY` on each call (no counters table yet).
-//! - Changing a queue's `ordering` or `on_dead` does not rewrite the `key_blocked` column
-//!   of its existing messages (the SQLite store's `key_order::reconcile`).
+//! - A queue's `ordering` or `on_dead` changed while nodes run: the rows are rewritten
+//!   at the next open (`key_order::reconcile`), and nodes still running the old
+//!   configuration keep writing under it until they restart.
 //! - A leader or lease row for once-only work; ticks are safe on every node at once
 //!   (they lock what they change with `SKIP LOCKED`), purges too.
 //! - TLS: a URL asking for it (`sslmode=require`, `verify-ca`, `verify-full`) is refused.
@@ -413,6 +414,7 @@ impl PostgresStore {
         let setup: Result<(bool, Option<i64>), E> = async {
             let mut client = pool.get().await?;
             schema::migrate(&mut client, &opts.schema).await?;
+            key_order::reconcile(&mut client, &opts.schema, &opts.catalog).await?;
             let sync: String = client
                 .query_one("SHOW synchronous_commit", &[])
                 .await?

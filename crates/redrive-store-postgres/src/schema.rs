@@ -79,10 +79,14 @@ use redrive_storage::StoreError;
 /// The newest schema version this build knows.
 ///
 /// - 1: the first schema (see the module docs).
-pub const SCHEMA_VERSION: i32 = 1;
+/// - 2: `meta` (key → text): what the rows were written under that the configuration may
+///   change, today the ordering mode of each queue (`key_order::reconcile`).
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
+
+const V2: &str = "CREATE TABLE meta (k text COLLATE \"C\" PRIMARY KEY, v text NOT NULL);";
 
 const V1: &str = r#"
 CREATE TABLE messages (
@@ -192,8 +196,8 @@ pub fn valid_schema_name(schema: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// The advisory lock key of a schema's migrations.
-fn lock_key(schema: &str) -> i64 {
+/// The advisory lock key of a schema's migrations (also taken by `key_order::reconcile`).
+pub fn lock_key(schema: &str) -> i64 {
     redrive_core::fnv1a(format!("redrive-migrate:{schema}").as_bytes()) as i64
 }
 

@@ -282,3 +282,75 @@ async fn stats_first_id(s: &PostgresStore) -> redrive_core::MessageId {
         .messages[0]
         .id
 }
+
+/// A queue's ordering changed between opens: its rows are rewritten at the next open, so
+/// a queue made ordered leases only its keys' heads, and one made unordered frees the
+/// messages that waited behind their keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_ordering_is_reconciled_at_open() {
+    use redrive_core::{Ordering, QueueCatalog, QueueSettings};
+    let guard = common::fresh_schema(PREFIX);
+    let unordered = Setup::default();
+    let ordered = Setup {
+        catalog: std::sync::Arc::new(QueueCatalog::new(
+            QueueSettings {
+                ordering: Ordering::Key,
+                ..unordered.catalog.get(Q).clone()
+            },
+            Default::default(),
+        )),
+        ..Setup::default()
+    };
+    let s = PostgresStore::open(common::options(&guard.0, &unordered))
+        .await
+        .expect("open unordered");
+    let items = ["k1", "k1", "k1", "k2"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| NewMessage {
+            key: Some((*k).to_owned()),
+            ..NewMessage::new(Q, json!(i))
+        })
+        .collect();
+    s.publish(items, Timestamp::from_millis(1))
+        .await
+        .expect("publish");
+    s.close().await;
+
+    let s = PostgresStore::open(common::options(&guard.0, &ordered))
+        .await
+        .expect("open ordered");
+    let heads: Vec<i64> = lease_all(&s)
+        .await
+        .expect("lease")
+        .iter()
+        .map(|l| l.message.payload.as_i64().expect("i"))
+        .collect();
+    assert_eq!(heads, vec![0, 3], "only the heads of k1 and k2");
+    s.close().await;
+
+    let s = PostgresStore::open(common::options(&guard.0, &unordered))
+        .await
+        .expect("open unordered again");
+    let rest: Vec<i64> = lease_all(&s)
+        .await
+        .expect("lease")
+        .iter()
+        .map(|l| l.message.payload.as_i64().expect("i"))
+        .collect();
+    assert_eq!(rest, vec![1, 2], "the messages that waited behind k1");
+    s.close().await;
+}
+
+async fn lease_all(s: &PostgresStore) -> Result<Vec<redrive_storage::Leased>, StoreError> {
+    s.lease(
+        LeaseRequest {
+            queue: Q.into(),
+            max: 10,
+            lease_ms: 600_000,
+            max_bytes: None,
+        },
+        Timestamp::from_millis(10),
+    )
+    .await
+}
