@@ -224,6 +224,9 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
     let mut ctx = Ctx::default();
     let mut done: Vec<(Job, Done)> = Vec::with_capacity(batch.len());
     let mut broken: Option<StoreError> = None;
+    // Whether the savepoint `job` is open: the next job releases it and opens its own in
+    // one round trip, and the commit releases the last.
+    let mut open = false;
     for job in batch {
         if let Some(e) = &broken {
             fail(job, E::Db(e.clone()), &mut again);
@@ -231,14 +234,14 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
         }
         let mut jcx = Ctx::default();
         let r = async {
-            if !alone {
+            if open {
+                tx.batch_execute("RELEASE SAVEPOINT job; SAVEPOINT job")
+                    .await?;
+            } else if !alone {
                 tx.batch_execute("SAVEPOINT job").await?;
+                open = true;
             }
-            let d = run_work(inner, &tx, &mut jcx, &job.work).await?;
-            if !alone {
-                tx.batch_execute("RELEASE SAVEPOINT job").await?;
-            }
-            Ok::<_, E>(d)
+            run_work(inner, &tx, &mut jcx, &job.work).await
         }
         .await;
         match r {

@@ -62,6 +62,9 @@ pub const LEASE_SQL: &str = concat!(
     columns!()
 );
 
+/// A lease's or a tick's commit: not waited for (see [`lease`]).
+const ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
+
 const ROW_FOR_UPDATE: &str = concat!(
     "SELECT ",
     columns!(),
@@ -163,6 +166,22 @@ pub async fn append_history(tx: &Transaction<'_>, seq: i64, entry: &HistoryEntry
     )
     .await?;
     Ok(())
+}
+
+/// [`write_life`] and [`append_history`] of one transition, pipelined: both statements
+/// are sent before either answer is awaited (one round trip instead of two).
+async fn write_life_and_history(
+    tx: &Transaction<'_>,
+    seq: i64,
+    life: &Lifecycle,
+    error: Option<(&str, &str)>,
+    entry: &HistoryEntry,
+) -> Result<(), E> {
+    let (w, h) = tokio::join!(
+        write_life(tx, seq, life, error),
+        append_history(tx, seq, entry)
+    );
+    w.and(h)
 }
 
 /// Note a push message's waits before its attempt `attempt` ([`redrive_core::note_wait`]
@@ -512,8 +531,6 @@ pub async fn lease(
     // Nobody is promised a lease's durability (SPEC §4 names publish, ack, nack and operator
     // actions): a lease lost in a crash leaves its message ready, delivered again with the
     // same attempt number, like the SQLite store's unsynced leases.
-    tx.batch_execute("SET LOCAL synchronous_commit = off")
-        .await?;
     let now = resolve_now(tx, now).await?;
     let expires = now.plus_ms(req.lease_ms);
     let max = i64::from(req.max.max(1));
@@ -522,19 +539,16 @@ pub async fn lease(
         _ => None,
     };
     let nonce = st.nonce();
-    let rows = query(
-        tx,
-        LEASE_SQL,
-        &[
-            &req.queue,
-            &max,
-            &nonce,
-            &now.as_millis(),
-            &expires.as_millis(),
-            &budget,
-        ],
-    )
-    .await?;
+    let (t, e) = (now.as_millis(), expires.as_millis());
+    // Pipelined: the setting and the claim in one round trip.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&req.queue, &max, &nonce, &t, &e, &budget];
+    let (set, rows) = tokio::join!(
+        tx.batch_execute(ASYNC_COMMIT),
+        query(tx, LEASE_SQL, &params)
+    );
+    set?;
+    let rows = rows?;
     let mut rows: Vec<Row> = rows.iter().map(Row::from_pg).collect::<Result<_, _>>()?;
     // RETURNING has no order: restore the lease order.
     rows.sort_by(|a, b| {
@@ -589,7 +603,6 @@ pub async fn ack(
     life.finished_at = Some(now);
     life.updated_at = now;
     life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
-    write_life(tx, row.seq, &row.life, None).await?;
     let entry = HistoryEntry {
         attempt: row.life.attempts,
         at: now,
@@ -600,7 +613,7 @@ pub async fn ack(
         },
         response: ack.response.clone(),
     };
-    append_history(tx, row.seq, &entry).await?;
+    write_life_and_history(tx, row.seq, &row.life, None, &entry).await?;
     key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
     cx.changes += 1;
     Ok(Acked {
@@ -667,8 +680,14 @@ async fn write_failed(
     } = failed;
     entry.response = response.cloned();
     let last_error = serde_json::to_string(&last_error)?;
-    write_life(tx, row.seq, &row.life, Some((class.as_str(), &last_error))).await?;
-    append_history(tx, row.seq, &entry).await?;
+    write_life_and_history(
+        tx,
+        row.seq,
+        &row.life,
+        Some((class.as_str(), &last_error)),
+        &entry,
+    )
+    .await?;
     row.last_error = Some(last_error);
     key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
     cx.changes += 1;
@@ -802,8 +821,7 @@ pub async fn kill(
 ) -> Result<Message, E> {
     let mut row = locked_row(tx, id).await?;
     let entry = rules::kill(&mut row.life, reason, now)?;
-    write_life(tx, row.seq, &row.life, None).await?;
-    append_history(tx, row.seq, &entry).await?;
+    write_life_and_history(tx, row.seq, &row.life, None, &entry).await?;
     key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
     cx.changes += 1;
     full_message(tx, row.seq).await
@@ -958,9 +976,9 @@ pub async fn tick(
 ) -> Result<TickOutcome, E> {
     // Like a lease: a promotion or an expiry is nobody's acknowledged write, and is redone
     // by the next tick if a crash loses it.
-    tx.batch_execute("SET LOCAL synchronous_commit = off")
-        .await?;
-    let now = resolve_now(tx, now).await?;
+    let (set, now) = tokio::join!(tx.batch_execute(ASYNC_COMMIT), resolve_now(tx, now));
+    set?;
+    let now = now?;
     let t = now.as_millis();
     let promoted = promote(st, tx, t, TICK_PROMOTE_LIMIT).await?;
     let mut ready_queues: Vec<String> = Vec::new();
