@@ -70,6 +70,18 @@ async fn throughput() {
             .await
             .expect("open"),
     );
+    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let lsn = || async {
+        client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("lsn")
+            .get::<_, String>(0)
+    };
+    let wal_start = lsn().await;
     let started = Instant::now();
     let mut hs = Vec::new();
     for c in 0..CALLERS {
@@ -121,6 +133,20 @@ async fn throughput() {
     }
     let consume = started.elapsed();
     assert_eq!(total, N);
+    let wal_end = lsn().await;
+    let wal: i64 = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::bigint",
+            &[&wal_end, &wal_start],
+        )
+        .await
+        .expect("diff")
+        .get(0);
+    eprintln!(
+        "WAL written while publishing, leasing and acking: {:.0} bytes per message \
+         (the whole server's WAL: other sessions count too)",
+        wal as f64 / N as f64
+    );
     eprintln!(
         "{N} messages, {CALLERS} callers: publish (1 per call) {:.0}/s ({} commits in all), \
          lease 10 + ack {:.0}/s ({} commits)",
