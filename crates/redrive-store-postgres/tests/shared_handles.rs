@@ -290,3 +290,166 @@ async fn key_order_holds_while_settles_and_claims_race() {
         assert_eq!(seen.len(), PER_KEY, "key {key}: {seen:?}");
     }
 }
+
+/// Workers on both stores lease, ack, nack or abandon messages while tickers on both
+/// stores advance a shared fake clock, expiring abandoned leases: no attempt of a message
+/// is ever delivered twice (two claimers of one ready message would both get its next
+/// attempt number), an acked message is never delivered again, and after draining every
+/// message is done or dead with one history entry per attempt that ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_settles_and_ticks_keep_at_least_once() {
+    use redrive_core::{ErrorClass, Failure, SplitMix64};
+    use redrive_storage::conformance::T0;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    let (a, b, _guard) = two_stores().await;
+    publish_n(&a, Q, 200, |_| None).await;
+    publish_n(&b, ORDERED, 60, |i| Some(format!("k{}", i % 6))).await;
+    let clock = Arc::new(AtomicI64::new(10));
+    let stop = Arc::new(AtomicBool::new(false));
+    type Seen = std::sync::Mutex<HashMap<MessageId, Vec<u32>>>;
+    let delivered: Arc<Seen> = Arc::default();
+    let acked = Arc::new(std::sync::Mutex::new(HashSet::<MessageId>::new()));
+    let now = |c: &AtomicI64| redrive_core::Timestamp::from_millis(T0 + c.load(Ordering::SeqCst));
+    let mut tasks = Vec::new();
+    for t in 0..2 {
+        let s = if t == 0 { a.clone() } else { b.clone() };
+        let (clock, stop) = (clock.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                clock.fetch_add(40, Ordering::SeqCst);
+                s.tick(now(&clock)).await.expect("tick");
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    let mut workers = Vec::new();
+    for w in 0..6u64 {
+        let s = if w % 2 == 0 { a.clone() } else { b.clone() };
+        let (clock, delivered, acked) = (clock.clone(), delivered.clone(), acked.clone());
+        workers.push(tokio::spawn(async move {
+            let mut rng = SplitMix64::new(w + 1);
+            for round in 0..150 {
+                let queue = if round % 3 == 0 { ORDERED } else { Q };
+                let t = now(&clock);
+                let leased = s
+                    .lease(
+                        LeaseRequest {
+                            lease_ms: 300,
+                            ..req(queue, 1 + (rng.next_u64() % 4) as u32)
+                        },
+                        t,
+                    )
+                    .await
+                    .expect("lease");
+                for l in leased {
+                    let id = l.message.id;
+                    assert!(
+                        !acked.lock().expect("acked").contains(&id),
+                        "acked message {id} delivered again (attempt {})",
+                        l.attempt
+                    );
+                    {
+                        let mut d = delivered.lock().expect("delivered");
+                        let attempts = d.entry(id).or_default();
+                        assert!(
+                            !attempts.contains(&l.attempt),
+                            "attempt {} of {id} delivered twice",
+                            l.attempt
+                        );
+                        attempts.push(l.attempt);
+                    }
+                    let lease = redrive_storage::LeaseRef { id, token: l.token };
+                    let t = now(&clock);
+                    match rng.next_u64() % 20 {
+                        0..=11 => {
+                            for r in s.ack(vec![lease.into()], t).await.expect("ack") {
+                                if r.is_ok() {
+                                    acked.lock().expect("acked").insert(id);
+                                }
+                            }
+                        }
+                        12..=16 => {
+                            let n = redrive_storage::Nack {
+                                lease,
+                                failure: Failure::new(ErrorClass::Transient, "flaky"),
+                                response: None,
+                                waited: Vec::new(),
+                            };
+                            let _ = s.nack(vec![n], t).await.expect("nack");
+                        }
+                        _ => {} // abandoned: the lease expires
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("ticker");
+    }
+    // Drain: far in the future, everything due, every lease expired; ack what is left.
+    let mut far = clock.load(Ordering::SeqCst) + 100_000;
+    loop {
+        let t = redrive_core::Timestamp::from_millis(T0 + far);
+        while a.tick(t).await.expect("tick").more {}
+        let mut any = false;
+        for queue in [Q, ORDERED] {
+            let leased = a.lease(req(queue, 100), t).await.expect("lease");
+            any |= !leased.is_empty();
+            for l in leased {
+                assert!(
+                    !acked.lock().expect("acked").contains(&l.message.id),
+                    "acked message delivered again while draining"
+                );
+                let lease = redrive_storage::LeaseRef {
+                    id: l.message.id,
+                    token: l.token,
+                };
+                for r in a.ack(vec![lease.into()], t).await.expect("ack") {
+                    r.expect("ack while draining");
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+        far += 100_000;
+    }
+    let stats = a.queue_stats().await.expect("stats");
+    let mut total = 0;
+    for q in &stats {
+        assert_eq!(
+            q.count(State::Ready) + q.count(State::Leased) + q.count(State::Scheduled),
+            0,
+            "{q:?}"
+        );
+        total += q.count(State::Done) + q.count(State::Dead);
+    }
+    assert_eq!(total, 260, "every message done or dead: {stats:?}");
+    let page = a
+        .search(Default::default(), 300, None)
+        .await
+        .expect("search");
+    for m in page.messages {
+        let m = a.get(m.id).await.expect("get").expect("message");
+        let ended = m
+            .history
+            .iter()
+            .filter(|h| {
+                matches!(
+                    h.event,
+                    redrive_core::HistoryEvent::Acked | redrive_core::HistoryEvent::Failed { .. }
+                )
+            })
+            .count();
+        assert_eq!(
+            ended as u32, m.attempts,
+            "message {}: {} attempts, history {:?}",
+            m.id, m.attempts, m.history
+        );
+    }
+}
