@@ -9,34 +9,44 @@
 //!
 //! `messages` (identity, content, lifecycle), `history` (appended entries), `idempotency`
 //! (keys outliving their purged messages), `key_heads` (per-key ordering's lock point),
-//! `tasks`, `audit`; the ready set, the scheduled set and the leased set are partial
-//! indexes of `messages`, so a claim, a promotion and the reaper are each an index range
-//! scan over only the rows they can take. `schema.rs` says why this shape and not another.
+//! `tasks`, `audit`, `meta` and `schema_migrations`; the ready set, the scheduled set and
+//! the leased set are partial indexes of `messages`, so a claim, a promotion and the reaper
+//! are each an index range scan over only the rows they can take. `schema.rs` says why this
+//! shape and not another.
 //!
 //! # How a transition runs
 //!
-//! Every call is one transaction on a pooled connection (`deadpool-postgres`, no TLS). A
-//! transition locks the message's row (`SELECT … FOR UPDATE`), reads its
+//! Every call runs in a transaction on a pooled connection (`deadpool-postgres`, no TLS).
+//! A transition locks the message's row (`SELECT … FOR UPDATE`), reads its
 //! [`Lifecycle`](redrive_storage::rules::Lifecycle), lets `redrive_storage::rules` decide
 //! (the same rules the SQLite store calls: none is restated here), writes the changed row
 //! in one `UPDATE` and appends its history entries. A claim is one statement (`UPDATE …
 //! WHERE seq = ANY(ARRAY(SELECT … LIMIT n FOR UPDATE SKIP LOCKED))`, see
 //! `transitions::LEASE_SQL`), so competing claimers on any number of nodes never lease one
-//! message twice and never more than `n`. A serialization failure or a deadlock rolls the
-//! transaction back and runs it again. A publish, ack, nack, release, return or operator
-//! action answers only after its commit, durable under the server's `synchronous_commit`
-//! ([`PostgresStore::synchronous_commit_off`] tells the server to warn when it is off);
-//! a lease and a tick commit with `synchronous_commit = off`, like the SQLite store's
-//! unsynced leases: nobody was promised their durability, a lost one is redone, and any
-//! later synchronous commit makes them durable too (the WAL is flushed in order).
+//! message twice and never more than `n`.
+//!
+//! Publish, ack and nack go through group commit (`group_commit.rs`): the calls that
+//! arrive while a batch commits share the next transaction (a savepoint each) and its one
+//! commit. Every other write is a transaction of its own. A serialization failure or a
+//! deadlock rolls a call back and runs it again; so does a pooled connection found dead
+//! before the call's `COMMIT` was sent (nothing of it committed). A database that cannot
+//! be reached is [`StoreError::Unavailable`], never a poisoned store.
+//!
+//! A publish, ack, nack, release, return or operator action answers only after its commit,
+//! durable under the server's `synchronous_commit` ([`PostgresStore::synchronous_commit_off`]
+//! tells the server to warn when it is off); a lease and a tick commit with
+//! `synchronous_commit = off`, like the SQLite store's unsynced leases: nobody was promised
+//! their durability, a lost one is redone, and any later synchronous commit makes them
+//! durable too (the WAL is flushed in order).
 //!
 //! Times are the caller's (`Some(now)`, as the trait passes today) or, when an operation is
-//! given `None`, the database's clock, read once at the start of its transaction.
+//! given `None` (the `*_at` methods), the database's clock, read once at the start of its
+//! transaction.
 //!
 //! # Not yet
 //!
-//! - Group commit covers publish, ack and nack (`group_commit.rs`); release, return,
-//!   extend, operator actions, leases and ticks commit alone (each their own transaction).
+//! - Group commit covers publish, ack and nack; release, return, extend, operator
+//!   actions, leases and ticks commit alone.
 //! - LISTEN/NOTIFY: [`Store::wake_hint`] is fed only by this store's own writes; another
 //!   node's publish is seen at the next tick.
 //! - Queue statistics are counted with `GROUP BY` on each call (no counters table yet).
@@ -45,6 +55,9 @@
 //!   configuration keep writing under it until they restart.
 //! - A leader or lease row for once-only work; ticks are safe on every node at once
 //!   (they lock what they change with `SKIP LOCKED`), purges too.
+//! - Two transitions of one ordered key whose messages are already locked can deadlock
+//!   (`key_order.rs`); PostgreSQL breaks it after `deadlock_timeout` and the call runs
+//!   again, so it costs latency, not correctness.
 //! - TLS: a URL asking for it (`sslmode=require`, `verify-ca`, `verify-full`) is refused.
 //! - `commit_stats().log_bytes` is 0 (no WAL position is read).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

@@ -45,6 +45,8 @@
 //!   has a lease is an index seek (`ix_key_leased`), not a column a claim must update: so a
 //!   claim writes nothing but the message rows it leases.
 //! - `tasks` and `audit`: the operator's bulk tasks and audit log, as in the SQLite store.
+//! - `meta` (schema v2): what the rows were written under that the configuration can
+//!   change (each queue's ordering mode, for `key_order::reconcile`).
 //!
 //! Times are `bigint` milliseconds since the epoch, like the SQLite store: a caller's clock
 //! (the conformance suite's fake 2023 clock) is honoured exactly, and the database's clock
