@@ -63,17 +63,11 @@ pub async fn run_work(
         }
         Work::Ack(items, now) => {
             let now = resolve_now(tx, *now).await?;
-            Done::Ack(per_item!(items, |a| transitions::ack(
-                inner, tx, &mut *cx, a, now
-            )
-            .await)?)
+            Done::Ack(transitions::ack_many(inner, tx, cx, items, now).await?)
         }
         Work::Nack(items, now) => {
             let now = resolve_now(tx, *now).await?;
-            Done::Nack(per_item!(items, |n| transitions::nack(
-                inner, tx, &mut *cx, n, now
-            )
-            .await)?)
+            Done::Nack(transitions::nack_many(inner, tx, cx, items, now).await?)
         }
     })
 }

@@ -62,6 +62,30 @@
 //! - `commit_stats().log_bytes` is 0 (no WAL position is read).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+/// The per-item answers of a batch: `$body` (using the item `$it`) is run for each item;
+/// a refused item answers its error and the others go on, a failed statement fails the
+/// whole batch (its transaction is aborted).
+macro_rules! per_item {
+    ($items:expr, |$it:ident| $body:expr) => {{
+        let mut out = Vec::new();
+        let mut failed = None;
+        for $it in $items {
+            match $body {
+                Ok(v) => out.push(Ok(v)),
+                Err(E::Logic(e)) => out.push(Err(e)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }};
+}
+
 mod error;
 mod key_order;
 mod ops;
@@ -351,30 +375,6 @@ macro_rules! read {
             }
         }
         .await
-    }};
-}
-
-/// The per-item answers of a batch: `$body` (using the item `$it`) is run for each item;
-/// a refused item answers its error and the others go on, a failed statement fails the
-/// whole batch (its transaction is aborted).
-macro_rules! per_item {
-    ($items:expr, |$it:ident| $body:expr) => {{
-        let mut out = Vec::new();
-        let mut failed = None;
-        for $it in $items {
-            match $body {
-                Ok(v) => out.push(Ok(v)),
-                Err(E::Logic(e)) => out.push(Err(e)),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
     }};
 }
 

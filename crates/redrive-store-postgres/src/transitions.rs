@@ -1106,3 +1106,284 @@ pub async fn purge(
         more,
     })
 }
+
+// ---- set-based ack and nack ----
+
+/// Every lifecycle column of many rows, in one statement (as [`WRITE_LIFE`] for one).
+const WRITE_LIVES: &str = "UPDATE messages m SET state = v.state, due_at = v.due_at, \
+     attempts = v.attempts, budget_base = v.budget_base, uncounted = v.uncounted, \
+     released = v.released, prev_delay_ms = v.prev_delay_ms, updated_at = v.updated_at, \
+     window_start = v.window_start, leased_at = v.leased_at, lease_expires_at = v.lease_expires_at, \
+     lease_end = v.lease_end, finished_at = v.finished_at, dead_reason = v.dead_reason, \
+     error_class = coalesce(v.error_class, m.error_class), last_error = coalesce(v.last_error, m.last_error) \
+     FROM unnest($1::bigint[], $2::smallint[], $3::bigint[], $4::int[], $5::int[], $6::int[], \
+       $7::int[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], \
+       $13::text[], $14::bigint[], $15::text[], $16::text[], $17::text[]) \
+       AS v(seq, state, due_at, attempts, budget_base, uncounted, released, prev_delay_ms, \
+            updated_at, window_start, leased_at, lease_expires_at, lease_end, finished_at, \
+            dead_reason, error_class, last_error) \
+     WHERE m.seq = v.seq";
+
+/// A row to write: its seq, lifecycle, and new (error class, last error JSON) if any.
+type LifeWrite<'a> = (i64, &'a Lifecycle, Option<(&'a str, &'a str)>);
+
+/// Write the lifecycles of `rows` (distinct seqs) in one statement.
+async fn write_lives(tx: &Transaction<'_>, rows: &[LifeWrite<'_>]) -> Result<(), E> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let seq: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let state: Vec<i16> = rows.iter().map(|r| i16::from(r.1.state.code())).collect();
+    let due: Vec<Option<i64>> = rows.iter().map(|r| ms(r.1.due_at)).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| int(r.1.attempts)).collect();
+    let base: Vec<i32> = rows.iter().map(|r| int(r.1.budget_base)).collect();
+    let uncounted: Vec<i32> = rows.iter().map(|r| int(r.1.uncounted)).collect();
+    let released: Vec<i32> = rows.iter().map(|r| int(r.1.released)).collect();
+    let prev: Vec<Option<i64>> = rows.iter().map(|r| delay_ms(r.1.prev_delay_ms)).collect();
+    let updated: Vec<i64> = rows.iter().map(|r| r.1.updated_at.as_millis()).collect();
+    let window: Vec<Option<i64>> = rows.iter().map(|r| ms(r.1.window_start)).collect();
+    let leased_at: Vec<Option<i64>> = rows.iter().map(|r| ms(r.1.leased_at)).collect();
+    let expires: Vec<Option<i64>> = rows.iter().map(|r| ms(r.1.lease_expires_at)).collect();
+    let lease_end: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| r.1.lease_end.map(LeaseEnd::as_str))
+        .collect();
+    let finished: Vec<Option<i64>> = rows.iter().map(|r| ms(r.1.finished_at)).collect();
+    let dead: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| r.1.dead_reason.map(|d| d.as_str()))
+        .collect();
+    let class: Vec<Option<&str>> = rows.iter().map(|r| r.2.map(|e| e.0)).collect();
+    let last_error: Vec<Option<&str>> = rows.iter().map(|r| r.2.map(|e| e.1)).collect();
+    execute(
+        tx,
+        WRITE_LIVES,
+        &[
+            &seq,
+            &state,
+            &due,
+            &attempts,
+            &base,
+            &uncounted,
+            &released,
+            &prev,
+            &updated,
+            &window,
+            &leased_at,
+            &expires,
+            &lease_end,
+            &finished,
+            &dead,
+            &class,
+            &last_error,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Append history entries `(seq, entry)` in one statement, in order (several for one seq
+/// get consecutive numbers). Every message's row is locked by the caller.
+async fn append_histories(tx: &Transaction<'_>, entries: &[(i64, &HistoryEntry)]) -> Result<(), E> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut seq = Vec::with_capacity(entries.len());
+    let mut json = Vec::with_capacity(entries.len());
+    let mut k: Vec<i32> = Vec::with_capacity(entries.len());
+    for (i, (s, e)) in entries.iter().enumerate() {
+        seq.push(*s);
+        json.push(serde_json::to_string(e)?);
+        k.push(1 + entries[..i].iter().filter(|(o, _)| o == s).count() as i32);
+    }
+    execute(
+        tx,
+        "INSERT INTO history (message_seq, n, entry) \
+         SELECT v.seq, coalesce((SELECT max(h.n) FROM history h WHERE h.message_seq = v.seq), 0) + v.k, \
+                v.entry::jsonb \
+         FROM unnest($1::bigint[], $2::text[], $3::int[]) AS v(seq, entry, k)",
+        &[&seq, &json, &k],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Lock the rows of `ids` (in `seq` order, so that two such calls lock in one order) and
+/// read them; by id.
+async fn locked_rows(
+    tx: &Transaction<'_>,
+    ids: &[String],
+) -> Result<std::collections::HashMap<String, Row>, E> {
+    let sql = concat!(
+        "SELECT ",
+        columns!(),
+        " FROM messages WHERE id = ANY($1) ORDER BY seq FOR UPDATE"
+    );
+    let rows = query(tx, sql, &[&ids]).await?;
+    let mut out = std::collections::HashMap::with_capacity(rows.len());
+    for r in &rows {
+        let row = Row::from_pg(r)?;
+        out.insert(row.id.clone(), row);
+    }
+    Ok(out)
+}
+
+/// Ack `items` set-based: one statement locks their rows, each item is checked and
+/// changed as [`ack`] does, one statement writes the rows and one their history entries.
+/// Items with wait notes take [`ack`] itself (the notes rewrite history entries).
+pub async fn ack_many(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[Ack],
+    now: Timestamp,
+) -> Result<Vec<Result<Acked, StoreError>>, E> {
+    if items.len() < 2 || items.iter().any(|a| !a.waited.is_empty()) {
+        return per_item!(items, |a| ack(st, tx, &mut *cx, a, now).await);
+    }
+    let ids: Vec<String> = items.iter().map(|a| a.lease.id.to_string()).collect();
+    let mut rows = locked_rows(tx, &ids).await?;
+    let mut out = Vec::with_capacity(items.len());
+    let mut written: Vec<String> = Vec::new();
+    let mut entries: Vec<(i64, HistoryEntry)> = Vec::new();
+    for (a, id) in items.iter().zip(&ids) {
+        let Some(row) = rows.get_mut(id) else {
+            out.push(Err(StoreError::NotFound(id.clone())));
+            continue;
+        };
+        let token = a.lease.token.as_str();
+        if row.life.state == State::Done && row.lease_token.as_deref() == Some(token) {
+            out.push(
+                row.to_message(None, None)
+                    .map_err(E::into_store)
+                    .map(|message| Acked {
+                        message,
+                        repeated: true,
+                    }),
+            );
+            continue;
+        }
+        if let Err(e) = check_lease(row, token, now) {
+            out.push(Err(e.into_store()));
+            continue;
+        }
+        let life = &mut row.life;
+        life.state = State::Done;
+        life.finished_at = Some(now);
+        life.updated_at = now;
+        life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
+        entries.push((
+            row.seq,
+            HistoryEntry {
+                attempt: life.attempts,
+                at: now,
+                leased_at: life.leased_at,
+                event: match a.event {
+                    AckEvent::Acked => HistoryEvent::Acked,
+                    AckEvent::Republished => HistoryEvent::Republished,
+                },
+                response: a.response.clone(),
+            },
+        ));
+        written.push(id.clone());
+        out.push(
+            row.to_message(None, None)
+                .map_err(E::into_store)
+                .map(|message| Acked {
+                    message,
+                    repeated: false,
+                }),
+        );
+    }
+    write_settled(st, tx, cx, &rows, &written, &[], &entries).await?;
+    Ok(out)
+}
+
+/// Nack `items` set-based, as [`ack_many`]: each item is checked and failed through
+/// [`rules::fail`] as [`nack`] does. Items with wait notes take [`nack`] itself.
+pub async fn nack_many(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[Nack],
+    now: Timestamp,
+) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
+    if items.len() < 2 || items.iter().any(|n| !n.waited.is_empty()) {
+        return per_item!(items, |n| nack(st, tx, &mut *cx, n, now).await);
+    }
+    let ids: Vec<String> = items.iter().map(|n| n.lease.id.to_string()).collect();
+    let mut rows = locked_rows(tx, &ids).await?;
+    let mut out = Vec::with_capacity(items.len());
+    let mut written: Vec<String> = Vec::new();
+    let mut errors: Vec<(String, String)> = Vec::new();
+    let mut entries: Vec<(i64, HistoryEntry)> = Vec::new();
+    for (n, id) in items.iter().zip(&ids) {
+        let Some(row) = rows.get_mut(id) else {
+            out.push(Err(StoreError::NotFound(id.clone())));
+            continue;
+        };
+        if let Err(e) = check_lease(row, &n.lease.token, now) {
+            out.push(Err(e.into_store()));
+            continue;
+        }
+        let policy = &st.catalog.get(&row.queue).retry;
+        let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
+        let failed =
+            st.with_rng(|rng| rules::fail(&mut row.life, policy, &n.failure, end, now, rng));
+        let FailedAttempt {
+            mut entry,
+            last_error,
+            class,
+            retry_delay_ms,
+        } = failed;
+        entry.response = n.response.clone();
+        let last_error = serde_json::to_string(&last_error)?;
+        row.last_error = Some(last_error.clone());
+        entries.push((row.seq, entry));
+        errors.push((class.as_str().to_owned(), last_error));
+        written.push(id.clone());
+        out.push(
+            row.to_message(None, None)
+                .map_err(E::into_store)
+                .map(|message| FailureOutcome {
+                    dead_reason: message.dead_reason,
+                    message,
+                    class,
+                    retry_delay_ms,
+                }),
+        );
+    }
+    write_settled(st, tx, cx, &rows, &written, &errors, &entries).await?;
+    Ok(out)
+}
+
+/// Write what [`ack_many`] or [`nack_many`] changed: the rows `written` (with `errors`, one
+/// per row, for a nack), their history entries, then per-key ordering and wake-ups.
+async fn write_settled(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    rows: &std::collections::HashMap<String, Row>,
+    written: &[String],
+    errors: &[(String, String)],
+    entries: &[(i64, HistoryEntry)],
+) -> Result<(), E> {
+    let changed: Vec<&Row> = written.iter().filter_map(|id| rows.get(id)).collect();
+    let lives: Vec<LifeWrite<'_>> = changed
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let error = errors.get(i).map(|(c, e)| (c.as_str(), e.as_str()));
+            (r.seq, &r.life, error)
+        })
+        .collect();
+    let refs: Vec<(i64, &HistoryEntry)> = entries.iter().map(|(s, e)| (*s, e)).collect();
+    let (w, h) = tokio::join!(write_lives(tx, &lives), append_histories(tx, &refs));
+    w.and(h)?;
+    for r in changed {
+        key_order::settle(st, tx, &r.queue, r.key.as_deref(), r.seq).await?;
+        cx.changes += 1;
+        cx.wake_if_scheduled(&r.life);
+    }
+    Ok(())
+}
