@@ -171,3 +171,95 @@ async fn racing_publishes_of_one_key_on_two_stores_make_one_message() {
     let stats = a.queue_stats().await.expect("stats");
     assert_eq!(stats[0].count(State::Ready), 1);
 }
+
+/// One ack call and one nack call mixing a live lease, a wrong token, an unknown id and
+/// the same lease twice (the set-based path): each item answers as it would alone, in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_items_answer_as_alone_with_duplicates() {
+    use redrive_core::{ErrorClass, Failure};
+    use redrive_storage::{Nack, Settled};
+    let (s, _guard) = store(true).await;
+    s.publish(
+        (0..3).map(|i| NewMessage::new(Q, json!(i))).collect(),
+        at(0),
+    )
+    .await
+    .expect("publish");
+    let l = s
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 3,
+                lease_ms: 60_000,
+                max_bytes: None,
+            },
+            at(1),
+        )
+        .await
+        .expect("lease");
+    let lref = |i: usize, token: Option<&str>| LeaseRef {
+        id: l[i].message.id,
+        token: token.unwrap_or(&l[i].token).to_owned(),
+    };
+    let unknown = LeaseRef {
+        id: MessageId::new(),
+        token: "1-x".into(),
+    };
+    let r = s
+        .ack(
+            vec![
+                lref(0, None).into(),
+                lref(1, Some("1-bogus")).into(),
+                unknown.clone().into(),
+                lref(0, None).into(),
+            ],
+            at(2),
+        )
+        .await
+        .expect("ack");
+    assert!(matches!(&r[0], Ok(a) if !a.repeated && a.message.state == State::Done));
+    assert!(matches!(r[1], Err(StoreError::LeaseMismatch)), "{:?}", r[1]);
+    assert!(matches!(r[2], Err(StoreError::NotFound(_))), "{:?}", r[2]);
+    assert!(matches!(&r[3], Ok(a) if a.repeated), "{:?}", r[3]);
+    let nack = |lease: LeaseRef| Nack {
+        lease,
+        failure: Failure::new(ErrorClass::Transient, "x"),
+        response: None,
+        waited: Vec::new(),
+    };
+    let r = s
+        .nack(
+            vec![
+                nack(lref(1, None)),
+                nack(lref(1, None)),
+                nack(lref(0, None)),
+                nack(unknown),
+            ],
+            at(3),
+        )
+        .await
+        .expect("nack");
+    assert!(
+        matches!(&r[0], Ok(f) if f.message.state == State::Scheduled),
+        "{:?}",
+        r[0]
+    );
+    assert!(
+        matches!(r[1], Err(StoreError::LeaseSettled(Settled::Nacked))),
+        "{:?}",
+        r[1]
+    );
+    assert!(
+        matches!(r[2], Err(StoreError::LeaseSettled(Settled::Acked))),
+        "{:?}",
+        r[2]
+    );
+    assert!(matches!(r[3], Err(StoreError::NotFound(_))), "{:?}", r[3]);
+    let m1 = s.get(l[1].message.id).await.expect("get").expect("m1");
+    assert_eq!(m1.history.len(), 1, "one failed attempt: {:?}", m1.history);
+    let m0 = s.get(l[0].message.id).await.expect("get").expect("m0");
+    assert_eq!(m0.history.len(), 1, "one ack: {:?}", m0.history);
+    let m2 = s.get(l[2].message.id).await.expect("get").expect("m2");
+    assert_eq!(m2.state, State::Leased, "untouched");
+}
