@@ -27,9 +27,9 @@
 //!
 //! Publish, ack and nack go through group commit (`group_commit.rs`): the calls that
 //! arrive while a batch commits share the next transaction (a savepoint each) and its one
-//! commit. An ack or nack of several items is set-based (`transitions::ack_many`): one
-//! statement locks the rows, the rules run per item, one statement writes the rows and
-//! one their history. Every other write is a transaction of its own. A serialization failure or a
+//! commit. A call of several items is set-based (`transitions::publish_many`,
+//! `ack_many`, `nack_many`): one statement reads (and locks) what the items need, the rules
+//! decide per item, one statement writes the rows and one their history. Every other write is a transaction of its own. A serialization failure or a
 //! deadlock rolls a call back and runs it again; so does a pooled connection found dead
 //! before the call's `COMMIT` was sent (nothing of it committed). A database that cannot
 //! be reached is [`StoreError::Unavailable`], never a poisoned store.

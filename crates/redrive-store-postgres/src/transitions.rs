@@ -267,6 +267,9 @@ pub async fn publish(
     now: Option<Timestamp>,
 ) -> Result<Vec<Published>, E> {
     let now = resolve_now(tx, now).await?;
+    if items.len() > 1 {
+        return publish_many(st, tx, cx, items, now).await;
+    }
     let mut out = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let payload = serde_json::to_string(&item.payload)?;
@@ -1384,6 +1387,380 @@ async fn write_settled(
         key_order::settle(st, tx, &r.queue, r.key.as_deref(), r.seq).await?;
         cx.changes += 1;
         cx.wake_if_scheduled(&r.life);
+    }
+    Ok(())
+}
+
+// ---- set-based publish ----
+
+/// A live idempotency record: message id, fingerprint, tombstone, expiry.
+type Record = (String, String, Option<String>, i64);
+
+/// What one item of a set-based publish turned out to be.
+enum Slot {
+    /// A replay of the message a live idempotency record names (its id).
+    Replay(String),
+    /// A replay of an earlier new item of the same call (its index).
+    ReplayOfNew(usize),
+    /// A new message: its index among the rows inserted.
+    New(usize),
+}
+
+/// A new message of a set-based publish, before it is inserted.
+struct NewRow {
+    row: Row,
+    history: Vec<HistoryEntry>,
+    error_class: Option<&'static str>,
+    key_blocked: Option<bool>,
+    fingerprint: String,
+    failure: Option<(redrive_core::ErrorClass, Option<u64>)>,
+}
+
+/// Publish several items set-based, with the answers [`publish`] gives item by item: one
+/// statement reads the live idempotency records of the call's keys, each item is decided
+/// in order (a key used twice in the call replays, or conflicts with, its first use), one
+/// statement inserts the new messages (in item order, so publish order is kept), one their
+/// history, one their idempotency records; then per-key ordering.
+async fn publish_many(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[NewMessage],
+    now: Timestamp,
+) -> Result<Vec<Published>, E> {
+    let t = now.as_millis();
+    let mut payloads = Vec::with_capacity(items.len());
+    for item in items {
+        let p = serde_json::to_string(&item.payload)?;
+        let fp = format!("{:016x}", fnv1a(p.as_bytes()));
+        payloads.push((p, fp));
+    }
+    // The live records of the call's keys.
+    let (kq, kk): (Vec<&str>, Vec<&str>) = items
+        .iter()
+        .filter_map(|i| i.idempotency_key.as_deref().map(|k| (i.queue.as_str(), k)))
+        .unzip();
+    let mut records: std::collections::HashMap<(String, String), Record> =
+        std::collections::HashMap::new();
+    if !kq.is_empty() {
+        let rows = query(
+            tx,
+            "SELECT i.queue, i.ikey, i.message_id, i.fingerprint, i.tombstone::text, i.expires_at \
+             FROM idempotency i JOIN unnest($1::text[], $2::text[]) AS v(queue, ikey) \
+             ON i.queue = v.queue AND i.ikey = v.ikey WHERE i.expires_at > $3",
+            &[&kq, &kk, &t],
+        )
+        .await?;
+        for r in &rows {
+            records.insert(
+                (r.try_get(0)?, r.try_get(1)?),
+                (r.try_get(2)?, r.try_get(3)?, r.try_get(4)?, r.try_get(5)?),
+            );
+        }
+    }
+    // Decide each item in order.
+    let mut slots = Vec::with_capacity(items.len());
+    let mut first_use: std::collections::HashMap<(&str, &str), usize> =
+        std::collections::HashMap::new();
+    let mut new_rows: Vec<NewRow> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let fp = &payloads[index].1;
+        if let Some(ikey) = item.idempotency_key.as_deref() {
+            let conflict = || {
+                E::Logic(StoreError::IdempotencyConflict {
+                    index,
+                    key: ikey.to_owned(),
+                })
+            };
+            if let Some((mid, rfp, _, _)) = records.get(&(item.queue.clone(), ikey.to_owned())) {
+                if rfp != fp {
+                    return Err(conflict());
+                }
+                slots.push(Slot::Replay(mid.clone()));
+                continue;
+            }
+            if let Some(&j) = first_use.get(&(item.queue.as_str(), ikey)) {
+                if payloads[j].1 != *fp {
+                    return Err(conflict());
+                }
+                slots.push(Slot::ReplayOfNew(j));
+                continue;
+            }
+            first_use.insert((item.queue.as_str(), ikey), index);
+        }
+        let mut life = Lifecycle::published(item.deliver_at, now);
+        let mut history = Vec::new();
+        let mut failure = None;
+        let mut last_error = None;
+        if let Some(f) = &item.failed {
+            life.attempts = item.attempts_before.saturating_add(1);
+            let policy = &st.catalog.get(&item.queue).retry;
+            let failed = st
+                .with_rng(|rng| rules::fail(&mut life, policy, f, AttemptEnd::default(), now, rng));
+            last_error = Some(serde_json::to_string(&failed.last_error)?);
+            history.push(failed.entry);
+            failure = Some((failed.class, failed.retry_delay_ms));
+        }
+        let mode = KeyMode::of(st.catalog.get(&item.queue));
+        let key_blocked = key_order::initial(mode, item.key.as_deref(), life.state);
+        slots.push(Slot::New(new_rows.len()));
+        new_rows.push(NewRow {
+            row: Row {
+                seq: 0,
+                id: MessageId::new().to_string(),
+                queue: item.queue.clone(),
+                priority: item.priority,
+                key: item.key.clone(),
+                idempotency_key: item.idempotency_key.clone(),
+                payload: payloads[index].0.clone(),
+                headers: if item.headers.is_empty() {
+                    None
+                } else {
+                    Some(serde_json::to_string(&item.headers)?)
+                },
+                lease_token: None,
+                last_error,
+                target_url: item.target_url.clone(),
+                life,
+            },
+            history,
+            error_class: item.failed.as_ref().map(|f| f.class.as_str()),
+            key_blocked,
+            fingerprint: fp.clone(),
+            failure,
+        });
+    }
+    insert_rows(tx, &mut new_rows).await?;
+    let entries: Vec<(i64, &HistoryEntry)> = new_rows
+        .iter()
+        .flat_map(|n| n.history.iter().map(move |h| (n.row.seq, h)))
+        .collect();
+    append_histories(tx, &entries).await?;
+    // Idempotency records of the new keyed messages: an expired record of a key is
+    // replaced; a live one can only be a concurrent publish (see `publish`): run again.
+    let keyed: Vec<&NewRow> = new_rows
+        .iter()
+        .filter(|n| n.row.idempotency_key.is_some())
+        .collect();
+    if !keyed.is_empty() {
+        let q: Vec<&str> = keyed.iter().map(|n| n.row.queue.as_str()).collect();
+        let k: Vec<&str> = keyed
+            .iter()
+            .filter_map(|n| n.row.idempotency_key.as_deref())
+            .collect();
+        let m: Vec<&str> = keyed.iter().map(|n| n.row.id.as_str()).collect();
+        let f: Vec<&str> = keyed.iter().map(|n| n.fingerprint.as_str()).collect();
+        let expires = now.plus_ms(st.idempotency_window_ms).as_millis();
+        let n = execute(
+            tx,
+            "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
+             SELECT v.queue, v.ikey, v.message_id, v.fingerprint, $5 \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
+               AS v(queue, ikey, message_id, fingerprint) \
+             ON CONFLICT (queue, ikey) DO UPDATE SET message_id = EXCLUDED.message_id, \
+             fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at, tombstone = NULL \
+             WHERE idempotency.expires_at <= $6",
+            &[&q, &k, &m, &f, &expires, &t],
+        )
+        .await?;
+        if n != keyed.len() as u64 {
+            return Err(E::Retry(
+                "an idempotency key of the call was taken by a concurrent publish".to_owned(),
+            ));
+        }
+    }
+    for n in &new_rows {
+        key_order::settle(st, tx, &n.row.queue, n.row.key.as_deref(), n.row.seq).await?;
+        cx.changes += 1;
+        cx.wake_if_scheduled(&n.row.life);
+    }
+    // Replays of messages published before.
+    let replayed: Vec<String> = slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Replay(id) => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut existing: std::collections::HashMap<String, Message> = std::collections::HashMap::new();
+    if !replayed.is_empty() {
+        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ANY($1)");
+        for r in &query(tx, sql, &[&replayed]).await? {
+            let row = Row::from_pg(r)?;
+            existing.insert(row.id.clone(), row.to_message(None, None)?);
+        }
+    }
+    // The answers, in item order.
+    let mut published: Vec<Option<Message>> = Vec::with_capacity(new_rows.len());
+    for (n, item) in new_rows.iter().zip(
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Slot::New(_)))
+            .map(|(i, _)| &items[i]),
+    ) {
+        let mut m = n.row.to_message(None, Some(item.payload.clone()))?;
+        m.history = n.history.clone();
+        published.push(Some(m));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (index, slot) in slots.iter().enumerate() {
+        let item = &items[index];
+        out.push(match slot {
+            Slot::New(j) => {
+                let message = published[*j].clone().ok_or_else(|| {
+                    E::Db(StoreError::Backend(
+                        "a published row went missing".to_owned(),
+                    ))
+                })?;
+                let failure = new_rows[*j].failure.map(|(class, delay)| FailureOutcome {
+                    message: message.clone(),
+                    class,
+                    retry_delay_ms: delay,
+                    dead_reason: message.dead_reason,
+                });
+                Published {
+                    message,
+                    replayed: false,
+                    failure,
+                }
+            }
+            Slot::ReplayOfNew(first) => {
+                let Slot::New(j) = slots[*first] else {
+                    return Err(E::Db(StoreError::Backend(
+                        "a replay of a call's own item that was no new message".to_owned(),
+                    )));
+                };
+                // As a replay reads it back: the stored message, without its history.
+                let message = new_rows[j].row.to_message(None, None)?;
+                Published {
+                    message,
+                    replayed: true,
+                    failure: None,
+                }
+            }
+            Slot::Replay(id) => {
+                let message = match existing.get(id) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let ikey = item.idempotency_key.clone().unwrap_or_default();
+                        let (_, _, tombstone, expires_at) = records
+                            .get(&(item.queue.clone(), ikey))
+                            .cloned()
+                            .ok_or_else(|| {
+                                E::Db(StoreError::Backend(
+                                    "a replayed record went missing".to_owned(),
+                                ))
+                            })?;
+                        purged_message(
+                            row::parse_id(id)?,
+                            item,
+                            tombstone.as_deref(),
+                            expires_at,
+                            st.idempotency_window_ms,
+                        )?
+                    }
+                };
+                Published {
+                    message,
+                    replayed: true,
+                    failure: None,
+                }
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// Insert `rows` in one statement, in their order (so their `seq`s follow it); sets each
+/// row's `seq`.
+async fn insert_rows(tx: &Transaction<'_>, rows: &mut [NewRow]) -> Result<(), E> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let id: Vec<&str> = rows.iter().map(|n| n.row.id.as_str()).collect();
+    let queue: Vec<&str> = rows.iter().map(|n| n.row.queue.as_str()).collect();
+    let state: Vec<i16> = rows
+        .iter()
+        .map(|n| i16::from(n.row.life.state.code()))
+        .collect();
+    let priority: Vec<i16> = rows.iter().map(|n| i16::from(n.row.priority)).collect();
+    let due: Vec<Option<i64>> = rows.iter().map(|n| ms(n.row.life.due_at)).collect();
+    let key: Vec<Option<&str>> = rows.iter().map(|n| n.row.key.as_deref()).collect();
+    let ikey: Vec<Option<&str>> = rows
+        .iter()
+        .map(|n| n.row.idempotency_key.as_deref())
+        .collect();
+    let payload: Vec<&str> = rows.iter().map(|n| n.row.payload.as_str()).collect();
+    let headers: Vec<Option<&str>> = rows.iter().map(|n| n.row.headers.as_deref()).collect();
+    let attempts: Vec<i32> = rows.iter().map(|n| int(n.row.life.attempts)).collect();
+    let uncounted: Vec<i32> = rows.iter().map(|n| int(n.row.life.uncounted)).collect();
+    let prev: Vec<Option<i64>> = rows
+        .iter()
+        .map(|n| delay_ms(n.row.life.prev_delay_ms))
+        .collect();
+    let created: Vec<i64> = rows
+        .iter()
+        .map(|n| n.row.life.created_at.as_millis())
+        .collect();
+    let finished: Vec<Option<i64>> = rows.iter().map(|n| ms(n.row.life.finished_at)).collect();
+    let dead: Vec<Option<&str>> = rows
+        .iter()
+        .map(|n| n.row.life.dead_reason.map(|d| d.as_str()))
+        .collect();
+    let class: Vec<Option<&str>> = rows.iter().map(|n| n.error_class).collect();
+    let last_error: Vec<Option<&str>> = rows.iter().map(|n| n.row.last_error.as_deref()).collect();
+    let blocked: Vec<Option<bool>> = rows.iter().map(|n| n.key_blocked).collect();
+    let target: Vec<Option<&str>> = rows.iter().map(|n| n.row.target_url.as_deref()).collect();
+    let got = query(
+        tx,
+        "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
+         payload, headers, attempts, uncounted, prev_delay_ms, created_at, updated_at, \
+         finished_at, dead_reason, error_class, last_error, key_blocked, target_url) \
+         SELECT v.id, v.queue, v.state, v.priority, v.due_at, v.msg_key, v.ikey, v.payload, \
+                v.headers, v.attempts, v.uncounted, v.prev, v.created, v.created, v.finished, \
+                v.dead, v.class, v.last_error, v.blocked, v.target \
+         FROM unnest($1::text[], $2::text[], $3::smallint[], $4::smallint[], $5::bigint[], \
+                     $6::text[], $7::text[], $8::text[], $9::text[], $10::int[], $11::int[], \
+                     $12::bigint[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], \
+                     $17::text[], $18::boolean[], $19::text[]) WITH ORDINALITY \
+           AS v(id, queue, state, priority, due_at, msg_key, ikey, payload, headers, attempts, \
+                uncounted, prev, created, finished, dead, class, last_error, blocked, target, ord) \
+         ORDER BY v.ord RETURNING id, seq",
+        &[
+            &id,
+            &queue,
+            &state,
+            &priority,
+            &due,
+            &key,
+            &ikey,
+            &payload,
+            &headers,
+            &attempts,
+            &uncounted,
+            &prev,
+            &created,
+            &finished,
+            &dead,
+            &class,
+            &last_error,
+            &blocked,
+            &target,
+        ],
+    )
+    .await?;
+    let mut seqs: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for r in &got {
+        seqs.insert(r.try_get(0)?, r.try_get(1)?);
+    }
+    for n in rows.iter_mut() {
+        n.row.seq = *seqs.get(&n.row.id).ok_or_else(|| {
+            E::Db(StoreError::Backend(format!(
+                "inserted message {} has no seq",
+                n.row.id
+            )))
+        })?;
     }
     Ok(())
 }

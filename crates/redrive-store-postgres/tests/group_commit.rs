@@ -263,3 +263,74 @@ async fn batched_items_answer_as_alone_with_duplicates() {
     let m2 = s.get(l[2].message.id).await.expect("get").expect("m2");
     assert_eq!(m2.state, State::Leased, "untouched");
 }
+
+/// A publish of many items (the set-based path): a key used twice in the call replays its
+/// first use, a key of an earlier call replays that message, another payload under a key
+/// conflicts naming its index and writes nothing, and the items keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_of_many_items_answers_as_item_by_item() {
+    let (s, _guard) = store(true).await;
+    let keyed = |k: &str, p: serde_json::Value| NewMessage {
+        idempotency_key: Some(k.to_owned()),
+        ..NewMessage::new(Q, p)
+    };
+    let earlier = s
+        .publish(vec![keyed("old", json!("o"))], at(0))
+        .await
+        .expect("publish")
+        .remove(0)
+        .message;
+    let r = s
+        .publish(
+            vec![
+                keyed("k1", json!(1)),
+                NewMessage::new(Q, json!(2)),
+                keyed("k1", json!(1)),
+                keyed("old", json!("o")),
+            ],
+            at(1),
+        )
+        .await
+        .expect("publish");
+    assert!(!r[0].replayed && !r[1].replayed);
+    assert!(
+        r[2].replayed && r[2].message.id == r[0].message.id,
+        "{:?}",
+        r[2]
+    );
+    assert!(r[3].replayed && r[3].message.id == earlier.id, "{:?}", r[3]);
+    match s
+        .publish(
+            vec![NewMessage::new(Q, json!("x")), keyed("k1", json!("other"))],
+            at(2),
+        )
+        .await
+    {
+        Err(StoreError::IdempotencyConflict { index: 1, key }) => assert_eq!(key, "k1"),
+        other => panic!("another payload under k1: {other:?}"),
+    }
+    let big: Vec<NewMessage> = (0..1_000).map(|i| NewMessage::new(Q, json!(i))).collect();
+    let started = std::time::Instant::now();
+    s.publish(big, at(3)).await.expect("publish 1,000");
+    eprintln!("one publish of 1,000 items: {:?}", started.elapsed());
+    let leased = s
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 2_000,
+                lease_ms: 60_000,
+                max_bytes: None,
+            },
+            at(4),
+        )
+        .await
+        .expect("lease");
+    let payloads: Vec<serde_json::Value> =
+        leased.iter().map(|l| l.message.payload.clone()).collect();
+    let mut expected = vec![json!("o"), json!(1), json!(2)];
+    expected.extend((0..1_000).map(|i| json!(i)));
+    assert_eq!(
+        payloads, expected,
+        "publish order kept, nothing of the refused call written"
+    );
+}
