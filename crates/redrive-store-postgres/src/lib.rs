@@ -5,6 +5,24 @@
 //! several redrive processes can share one database (SPEC §7, §13). It passes the same
 //! conformance suite as the embedded SQLite store (`tests/conformance_postgres.rs`).
 //!
+//! ```no_run
+//! use redrive_store_postgres::{PostgresOptions, PostgresStore};
+//! use redrive_storage::Store;
+//!
+//! # async fn run() -> Result<(), redrive_storage::StoreError> {
+//! let mut opts = PostgresOptions::new("postgres://redrive@db.internal:5432/app");
+//! opts.schema = "redrive".into();
+//! let store = PostgresStore::open(opts).await?;
+//! if store.synchronous_commit_off() {
+//!     eprintln!("warning: synchronous_commit is off: acknowledged writes may be lost");
+//! }
+//! let next = *store.wake_hint().borrow();
+//! # let _ = next;
+//! store.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Shape
 //!
 //! `messages` (identity, content, lifecycle), `history` (appended entries), `idempotency`
