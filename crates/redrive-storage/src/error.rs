@@ -71,15 +71,17 @@ pub enum StoreError {
     /// reopened (restart the process, check the disk). Tell the client 503.
     #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]
     Poisoned(String),
-    /// The store cannot be reached now (its database is down or restarting, a connection
-    /// was killed, the pool timed out): the operation may or may not have been applied if
-    /// it was a write in flight, and nothing was answered as done. It may recover by itself;
-    /// tell the client 503 (`store_unavailable`) so it retries.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
     /// The store is shutting down or its writer has stopped. Tell the client 503.
     #[error("store is closed")]
     Closed,
+    /// The backend cannot be reached now (a database server that is down, restarting or
+    /// unreachable, a connection lost mid-request, no free connection in time). Nothing is
+    /// wrong with the store itself: it is not poisoned, and the same call may succeed once
+    /// the database is back. Whether a write that failed this way was committed is unknown
+    /// when the connection was lost during its commit. Tell the client 503
+    /// (`store_unavailable`) and retry.
+    #[error("storage backend unavailable: {0}; retry when it is back")]
+    Unavailable(String),
     /// An unexpected backend error. Logged; tell the client 500 without the details.
     #[error("storage backend error: {0}")]
     Backend(String),

@@ -1,0 +1,317 @@
+//! Group commit: concurrent publish, ack and nack calls share one transaction and one
+//! commit.
+//!
+//! A store with group commit runs one batcher task. Each of those calls becomes a [`Job`]
+//! sent to it; the batcher takes every job queued (at most [`MAX_BATCH_JOBS`]), runs each
+//! inside a savepoint of one transaction, commits once, and only then answers each job,
+//! so a 2xx still means committed. There is no artificial wait: jobs that arrive while a
+//! batch commits form the next batch (the SQLite writer's shape), so a lone call costs
+//! one commit as before, and `n` concurrent calls cost about one.
+//!
+//! A job that fails is rolled back to its savepoint and answered with its error, and the
+//! batch goes on; a job that conflicts (deadlock, serialization failure, a racing
+//! idempotency key) is rolled back and queued again for the next batch, at most
+//! `MAX_RETRIES` times, and so is every job of a batch whose connection was lost before
+//! its commit was sent (nothing of it committed). If the commit fails, every job of the batch fails with it (the
+//! connection lost during a commit is `Unavailable`: its outcome is unknown, as for any
+//! single commit). Locks taken by a batch are held until its commit, for a few
+//! milliseconds longer than a lone call's.
+
+use crate::error::E;
+use crate::sql::resolve_now;
+use crate::{transitions, Ctx, Inner, MAX_RETRIES};
+use deadpool_postgres::Transaction;
+use redrive_core::{NewMessage, Timestamp};
+use redrive_storage::{Ack, Acked, FailureOutcome, Nack, Published, StoreError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// At most this many jobs share one transaction.
+pub const MAX_BATCH_JOBS: usize = 128;
+
+/// Depth of the batcher's queue: bounded, so a flood waits in its callers (back-pressure).
+const QUEUE_DEPTH: usize = 4_096;
+
+/// What a job does.
+#[derive(Debug)]
+pub enum Work {
+    Publish(Vec<NewMessage>, Option<Timestamp>),
+    Ack(Vec<Ack>, Option<Timestamp>),
+    Nack(Vec<Nack>, Option<Timestamp>),
+}
+
+/// What a job answers.
+#[derive(Debug)]
+pub enum Done {
+    Publish(Vec<Published>),
+    Ack(Vec<Result<Acked, StoreError>>),
+    Nack(Vec<Result<FailureOutcome, StoreError>>),
+}
+
+/// Run `work` in `tx` (the same code with or without group commit).
+pub async fn run_work(
+    inner: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    work: &Work,
+) -> Result<Done, E> {
+    Ok(match work {
+        Work::Publish(items, now) => {
+            Done::Publish(transitions::publish(inner, tx, cx, items, *now).await?)
+        }
+        Work::Ack(items, now) => {
+            let now = resolve_now(tx, *now).await?;
+            Done::Ack(transitions::ack_many(inner, tx, cx, items, now).await?)
+        }
+        Work::Nack(items, now) => {
+            let now = resolve_now(tx, *now).await?;
+            Done::Nack(transitions::nack_many(inner, tx, cx, items, now).await?)
+        }
+    })
+}
+
+/// A call waiting for its batch's commit.
+#[derive(Debug)]
+pub struct Job {
+    work: Work,
+    reply: oneshot::Sender<Result<Done, StoreError>>,
+    tries: u32,
+}
+
+enum Command {
+    Job(Job),
+    /// Finish the queued jobs, then stop.
+    Close(oneshot::Sender<()>),
+}
+
+/// The handle of a store's batcher task.
+pub struct Batcher {
+    tx: mpsc::Sender<Command>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Batcher {
+    /// Start the batcher of `inner` on the current runtime.
+    pub fn start(inner: Arc<Inner>) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let task = tokio::spawn(run(inner, rx));
+        Self {
+            tx,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    /// Run `work` in the next batch; its answer after the batch committed.
+    pub async fn submit(&self, work: Work) -> Result<Done, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Job(Job {
+                work,
+                reply,
+                tries: 0,
+            }))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Whether the batcher task is gone.
+    pub fn stopped(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Answer the queued jobs, then stop the task.
+    pub async fn close(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Command::Close(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+    }
+}
+
+async fn run(inner: Arc<Inner>, mut rx: mpsc::Receiver<Command>) {
+    let mut pending: VecDeque<Job> = VecDeque::new();
+    let mut closing: Option<oneshot::Sender<()>> = None;
+    loop {
+        if pending.is_empty() {
+            if let Some(done) = closing.take() {
+                let _ = done.send(());
+                return;
+            }
+            match rx.recv().await {
+                Some(Command::Job(j)) => pending.push_back(j),
+                Some(Command::Close(done)) => {
+                    let _ = done.send(());
+                    return;
+                }
+                None => return,
+            }
+        }
+        while closing.is_none() && pending.len() < MAX_BATCH_JOBS {
+            match rx.try_recv() {
+                Ok(Command::Job(j)) => pending.push_back(j),
+                Ok(Command::Close(done)) => closing = Some(done),
+                Err(_) => break,
+            }
+        }
+        let n = pending.len().min(MAX_BATCH_JOBS);
+        let batch: Vec<Job> = pending.drain(..n).collect();
+        let again = run_batch(&inner, batch).await;
+        // Conflicted jobs go first in the next batch.
+        for j in again.into_iter().rev() {
+            pending.push_front(j);
+        }
+    }
+}
+
+/// Answer `job` with `e` (or hand it back to run again, when it conflicted, or lost its
+/// connection before the commit, and may).
+fn fail(job: Job, e: E, again: &mut Vec<Job>) {
+    match e {
+        E::Retry(_) | E::Db(StoreError::Unavailable(_)) if job.tries < MAX_RETRIES => {
+            tracing::debug!(
+                ?e,
+                tries = job.tries,
+                "a batched call failed before its commit; again"
+            );
+            again.push(Job {
+                tries: job.tries + 1,
+                ..job
+            });
+        }
+        e => {
+            let _ = job.reply.send(Err(e.into_store()));
+        }
+    }
+}
+
+/// Run one batch in one transaction; the jobs to run again.
+async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
+    let mut again = Vec::new();
+    let mut client = match inner.pool.get().await {
+        Ok(c) => c,
+        Err(e) => {
+            let e = crate::error::pool_error(&e);
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+            return again;
+        }
+    };
+    let tx = match client.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => {
+            let e = crate::error::store_error(&e);
+            for job in batch {
+                fail(job, E::Db(e.clone()), &mut again);
+            }
+            return again;
+        }
+    };
+    let alone = batch.len() == 1;
+    let mut ctx = Ctx::default();
+    let mut done: Vec<(Job, Done)> = Vec::with_capacity(batch.len());
+    let mut broken: Option<StoreError> = None;
+    // Whether the savepoint `job` is open: the next job releases it and opens its own in
+    // one round trip, and the commit releases the last.
+    let mut open = false;
+    for job in batch {
+        if let Some(e) = &broken {
+            fail(job, E::Db(e.clone()), &mut again);
+            continue;
+        }
+        let mut jcx = Ctx::default();
+        let r = async {
+            if open {
+                tx.batch_execute("RELEASE SAVEPOINT job; SAVEPOINT job")
+                    .await?;
+            } else if !alone {
+                tx.batch_execute("SAVEPOINT job").await?;
+                open = true;
+            }
+            run_work(inner, &tx, &mut jcx, &job.work).await
+        }
+        .await;
+        match r {
+            Ok(d) => {
+                ctx.changes += jcx.changes;
+                if let Some(w) = jcx.wake {
+                    ctx.wake_at(w);
+                }
+                for (q, n) in &jcx.ready {
+                    ctx.made_ready(q, *n);
+                }
+                done.push((job, d));
+            }
+            Err(e) if alone => {
+                drop(tx);
+                fail(job, e, &mut again);
+                return again;
+            }
+            Err(e) => {
+                if let Err(rb) = tx.batch_execute("ROLLBACK TO SAVEPOINT job").await {
+                    // The connection is gone: nothing of this transaction will commit.
+                    let rb = crate::error::store_error(&rb);
+                    broken = Some(rb.clone());
+                    fail(job, E::Db(rb), &mut again);
+                    continue;
+                }
+                fail(job, e, &mut again);
+            }
+        }
+    }
+    if let Some(e) = broken {
+        // Nothing of this transaction committed: the jobs that had run go again too.
+        for (job, _) in done {
+            fail(job, E::Db(e.clone()), &mut again);
+        }
+        return again;
+    }
+    if done.is_empty() {
+        drop(tx);
+        return again;
+    }
+    if let Err(e) = crate::notify::send(&tx, &inner.channel, inner.epoch, &ctx.ready).await {
+        // Nothing committed: every job of the batch fails like a broken statement (and goes
+        // again when the connection was lost).
+        let e = match e {
+            E::Db(e) | E::Logic(e) => e,
+            E::Retry(why) => StoreError::Unavailable(why),
+        };
+        for (job, _) in done {
+            fail(job, E::Db(e.clone()), &mut again);
+        }
+        return again;
+    }
+    let started = Instant::now();
+    match tx.commit().await {
+        Ok(()) => {
+            inner.committed(ctx, started.elapsed());
+            for (job, d) in done {
+                let _ = job.reply.send(Ok(d));
+            }
+        }
+        Err(e) => {
+            let e = E::from(e);
+            let retry = matches!(e, E::Retry(_));
+            let err = e.into_store();
+            for (job, _) in done {
+                if retry && job.tries < MAX_RETRIES {
+                    again.push(Job {
+                        tries: job.tries + 1,
+                        ..job
+                    });
+                } else {
+                    let _ = job.reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+    again
+}

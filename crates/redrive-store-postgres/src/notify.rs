@@ -1,0 +1,118 @@
+//! Messages made ready, told to the other processes on the schema: LISTEN/NOTIFY.
+//!
+//! A transaction that makes messages ready (a publish, a retry due now, a release, a
+//! redrive, a tick's promotion) sends one `pg_notify` per queue it touched *inside* the
+//! transaction, so the notice goes out if and only if it commits, with no commit of its
+//! own (one NOTIFY per group-committed batch, not per message: PostgreSQL serialises
+//! notifying commits, see `docs/ARCHITECTURE.md`). Every store listens on its schema's
+//! channel on a connection of its own (not the pool's), skips its own notices (the payload
+//! names the sending store) and hands the rest to [`redrive_storage::Notifier::ready`].
+//! A notice is a hint: one lost while the listener reconnects is made up for by the long
+//! polls' own re-check, never relied upon.
+
+use crate::error::E;
+use redrive_storage::ReadyNotice;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+/// How long the listener waits before connecting again after losing its connection.
+const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+
+/// The channel of `schema` (a valid identifier: lower-case letters, digits, `_`).
+pub fn channel(schema: &str) -> String {
+    format!("redrive_{schema}")
+}
+
+/// Send the notices of one transaction (queue → how many became ready), from store `node`.
+pub async fn send(
+    tx: &tokio_postgres::Transaction<'_>,
+    channel: &str,
+    node: u64,
+    ready: &[(String, u32)],
+) -> Result<(), E> {
+    if ready.is_empty() {
+        return Ok(());
+    }
+    let payloads: Vec<String> = ready
+        .iter()
+        .map(|(q, n)| format!("{node:016x} {n} {q}"))
+        .collect();
+    tx.execute(
+        "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+        &[&channel, &payloads],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Parse a notice: `None` for one of `node`'s own or one that is not ours.
+fn parse(payload: &str, node: u64) -> Option<ReadyNotice> {
+    let mut parts = payload.splitn(3, ' ');
+    let from = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let count: u32 = parts.next()?.parse().ok()?;
+    let queue = parts.next()?.to_owned();
+    (from != node).then_some(ReadyNotice { queue, count })
+}
+
+/// Listen on `channel` until `ready` has no sender left but this task's (the store is
+/// gone) or the task is aborted (the store closed), reconnecting after each loss.
+pub async fn listen(
+    cfg: tokio_postgres::Config,
+    channel: String,
+    node: u64,
+    ready: broadcast::Sender<ReadyNotice>,
+) {
+    loop {
+        match cfg.connect(NoTls).await {
+            Ok((client, mut conn)) => {
+                let sql = format!("LISTEN \"{channel}\"");
+                let listen = client.batch_execute(&sql);
+                tokio::pin!(listen);
+                let mut listening = false;
+                loop {
+                    tokio::select! {
+                        r = &mut listen, if !listening => {
+                            if let Err(e) = r {
+                                tracing::warn!(error = %e, "PostgreSQL LISTEN failed");
+                                break;
+                            }
+                            listening = true;
+                        }
+                        m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
+                            Some(Ok(AsyncMessage::Notification(n))) => {
+                                if let Some(notice) = parse(n.payload(), node) {
+                                    let _ = ready.send(notice);
+                                }
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => {
+                                tracing::debug!(error = %e, "PostgreSQL listener connection lost");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "PostgreSQL listener cannot connect"),
+        }
+        tokio::time::sleep(RECONNECT_DELAY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_names_its_sender_count_and_queue() {
+        let n = parse("00000000000000ab 3 orders v2", 1).expect("another store's");
+        assert_eq!((n.queue.as_str(), n.count), ("orders v2", 3));
+        assert!(
+            parse("00000000000000ab 3 orders", 0xab).is_none(),
+            "our own"
+        );
+        assert!(parse("garbage", 1).is_none());
+    }
+}
