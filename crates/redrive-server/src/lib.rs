@@ -35,10 +35,10 @@ pub enum ServerError {
     )]
     PublicWithoutToken(std::net::SocketAddr),
     /// The store could not be opened.
-    #[error("cannot open the store in {dir}: {source}")]
+    #[error("cannot open the store at {at}: {source}")]
     Store {
-        /// The data directory.
-        dir: std::path::PathBuf,
+        /// Where: the data directory, or the PostgreSQL location (without a password).
+        at: String,
         /// Why.
         source: redrive_storage::StoreError,
     },
@@ -59,34 +59,42 @@ pub enum ServerError {
 }
 
 /// Open the store and build the engine for `config` (no listening yet).
-pub fn open(config: &Config) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
-    open_with_clock(config, Arc::new(engine::SystemClock))
+pub async fn open(
+    config: &Config,
+) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
+    open_with_clock(config, Arc::new(engine::SystemClock)).await
 }
 
 /// [`open`], with the engine reading the time from `clock` (tests pass a
 /// [`engine::ManualClock`]).
-pub fn open_with_clock(
+pub async fn open_with_clock(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
-    open_engine(config, clock).map(|(engine, metrics, _)| (engine, metrics))
+    open_engine(config, clock)
+        .await
+        .map(|(engine, metrics, _)| (engine, metrics))
 }
 
 /// [`open_with_clock`], also naming the store's backend (for the start-up line).
-fn open_engine(
+async fn open_engine(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
-) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>, &'static str), ServerError> {
+) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>, Opened), ServerError> {
     if config.is_unauthenticated_public_listen() {
         return Err(ServerError::PublicWithoutToken(config.listen));
     }
     let metrics = Arc::new(metrics::Metrics::new());
-    let storage::OpenedStore { store, backend } = storage::open_store(config, &metrics)?;
+    let storage::OpenedStore {
+        store,
+        backend,
+        location,
+    } = storage::open_store(config, &metrics).await?;
     let engine = Arc::new(
         engine::Engine::new(store, config.engine_config(), metrics.clone(), clock)
             .map_err(|e| ServerError::Push(e.to_string()))?,
     );
-    Ok((engine, metrics, backend))
+    Ok((engine, metrics, Opened { backend, location }))
 }
 
 /// Run the server until SIGTERM or SIGINT, then shut down gracefully.
@@ -110,7 +118,14 @@ pub struct Server {
     metrics: Arc<metrics::Metrics>,
     listener: tokio::net::TcpListener,
     addr: std::net::SocketAddr,
+    opened: Opened,
+}
+
+/// What the start-up line says of the store.
+#[derive(Debug)]
+struct Opened {
     backend: &'static str,
+    location: String,
 }
 
 impl Server {
@@ -124,7 +139,7 @@ impl Server {
         config: Config,
         clock: Arc<dyn engine::Clock>,
     ) -> Result<Server, ServerError> {
-        let (engine, metrics, backend) = open_engine(&config, clock)?;
+        let (engine, metrics, opened) = open_engine(&config, clock).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -138,7 +153,7 @@ impl Server {
             metrics,
             listener,
             addr,
-            backend,
+            opened,
         })
     }
 
@@ -164,7 +179,7 @@ impl Server {
             metrics,
             listener,
             addr,
-            backend,
+            opened,
         } = self;
         // The start-up line (SPEC §6): where it listens, which store and where, the console,
         // and the queues the configuration names (`[queues.default]` is the settings of every
@@ -177,8 +192,8 @@ impl Server {
             .collect();
         tracing::info!(
             %addr,
-            store = %backend,
-            data_dir = %config.data_dir.display(),
+            store = %opened.backend,
+            at = %opened.location,
             durability = ?config.durability,
             console = %console_url(addr),
             queues = ?queues,

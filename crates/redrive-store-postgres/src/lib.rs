@@ -116,7 +116,7 @@ mod schema;
 mod sql;
 mod transitions;
 
-pub use schema::SCHEMA_VERSION;
+pub use schema::{valid_schema_name, SCHEMA_VERSION};
 
 use error::E;
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp};
@@ -149,6 +149,8 @@ pub struct PostgresOptions {
     /// Group commit: concurrent publish, ack and nack calls share one transaction and one
     /// commit (`group_commit.rs`). On by default.
     pub group_commit: bool,
+    /// Called after each commit with (message transitions in it, seconds in COMMIT).
+    pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for PostgresOptions {
@@ -172,6 +174,7 @@ impl PostgresOptions {
             pool_size: 16,
             store: StoreOptions::default(),
             group_commit: true,
+            commit_observer: None,
         }
     }
 }
@@ -241,6 +244,7 @@ pub(crate) struct Inner {
     /// sender, so a store skips its own.
     pub channel: String,
     stats: Mutex<CommitStats>,
+    observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
 }
 
 impl Inner {
@@ -256,6 +260,9 @@ impl Inner {
             s.commits += 1;
             s.changes += ctx.changes;
             s.commit_seconds += took.as_secs_f64();
+        }
+        if let Some(observe) = &self.observer {
+            observe(ctx.changes as usize, took.as_secs_f64());
         }
         if ctx.exact_wake.is_none() && ctx.wake.is_none() {
             return;
@@ -497,6 +504,7 @@ impl PostgresStore {
             ready_tx: tokio::sync::broadcast::Sender::new(1024),
             channel: notify::channel(&opts.schema),
             stats: Mutex::new(CommitStats::default()),
+            observer: opts.commit_observer.clone(),
         });
         let listener = tokio::spawn(notify::listen(
             listen_cfg,

@@ -429,7 +429,7 @@ fn startup_line_names_store_console_and_queues_without_colour() {
     );
     for field in [
         "store=sqlite".to_owned(),
-        format!("data_dir={}", data.display()),
+        format!("at={}", data.display()),
         format!("console=http://127.0.0.1:{port}/ui"),
         r#"queues=["alpha", "beta"]"#.to_owned(),
         format!("addr=127.0.0.1:{port}"),

@@ -13,8 +13,9 @@
 //!
 //! - this file: [`Config`], its defaults, [`Config::load`] (file ← environment ← flags),
 //!   [`ConfigError`], the order of [`Config::validate`], [`Config::engine_config`];
-//! - `storage.rs`: what the store is opened with (`data_dir`, `durability`,
-//!   `idempotency_window`, `max_wal_bytes`), the one file that imports `redrive_storage`;
+//! - `storage.rs`: which store and what it is opened with (`storage_url`, `storage_schema`,
+//!   `storage_pool_size`, `data_dir`, `durability`, `idempotency_window`, `max_wal_bytes`),
+//!   the one file that names a store crate;
 //! - `http.rs`: `listen`, the refusal of a public listen without a token, `allowed_hosts`,
 //!   `allowed_origins`;
 //! - `limits.rs`: `max_*_bytes`, `max_batch`, `max_wait`, `max_lease`, `max_schedule_ahead`,
@@ -51,7 +52,7 @@ pub use push::{
     PushQueueConfig, PushRuleConfig, PushServerConfig, SecretList, DEFAULT_CONNECT_TIMEOUT_MS,
 };
 pub use queues::{Delivery, QueueConfig};
-pub use storage::DurabilityName;
+pub use storage::{DurabilityName, StorageKind};
 pub use tokens::{Scope, TokenConfig};
 
 /// A configuration that cannot be used. The message names the key, flag or variable.
@@ -89,6 +90,12 @@ pub enum ConfigError {
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// Which store: absent, the embedded store in `data_dir`; `postgres://…`, PostgreSQL.
+    pub storage_url: Option<String>,
+    /// PostgreSQL: the schema holding redrive's tables.
+    pub storage_schema: String,
+    /// PostgreSQL: connections in the pool.
+    pub storage_pool_size: usize,
     /// Directory of the embedded store.
     pub data_dir: PathBuf,
     /// `fsync` (default) or `unsafe-buffered`.
@@ -149,6 +156,9 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            storage_url: None,
+            storage_schema: "redrive".to_owned(),
+            storage_pool_size: 16,
             data_dir: PathBuf::from("./redrive-data"),
             durability: DurabilityName::Fsync,
             api_tokens: Vec::new(),
@@ -182,6 +192,9 @@ impl Default for Config {
 /// Top-level keys that `REDRIVE_<KEY>` environment variables may set.
 const ENV_KEYS: &[&str] = &[
     "listen",
+    "storage_url",
+    "storage_schema",
+    "storage_pool_size",
     "data_dir",
     "durability",
     "api_tokens",
@@ -216,6 +229,8 @@ pub struct Overrides {
     pub listen: Option<String>,
     /// `--data-dir`.
     pub data_dir: Option<PathBuf>,
+    /// `--storage-url`.
+    pub storage_url: Option<String>,
 }
 
 impl Config {
@@ -268,6 +283,9 @@ impl Config {
         }
         if let Some(l) = &overrides.listen {
             table.insert("listen".into(), toml::Value::String(l.clone()));
+        }
+        if let Some(u) = &overrides.storage_url {
+            table.insert("storage_url".into(), toml::Value::String(u.clone()));
         }
         if let Some(d) = &overrides.data_dir {
             table.insert(

@@ -39,6 +39,48 @@ pub struct TestServer {
     pub engine: std::sync::Arc<redrive_server::engine::Engine>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The PostgreSQL schema of this server, when the suite runs on PostgreSQL.
+    _pg: Option<PgSchema>,
+}
+
+/// The suite on PostgreSQL: with `REDRIVE_TEST_STORAGE_URL=postgres://…` every server of the
+/// suite keeps its store in a fresh schema of that database, dropped after the test (the
+/// same tests as on the embedded store; CI runs both).
+pub struct PgSchema {
+    pub url: String,
+    pub schema: String,
+}
+
+/// Whether this run of the suite keeps its stores on PostgreSQL.
+pub fn on_postgres() -> bool {
+    std::env::var_os("REDRIVE_TEST_STORAGE_URL").is_some()
+}
+
+impl PgSchema {
+    fn fresh() -> Option<PgSchema> {
+        let url = std::env::var("REDRIVE_TEST_STORAGE_URL").ok()?;
+        let n: u64 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            ^ u64::from(std::process::id()) << 32;
+        Some(PgSchema {
+            url,
+            schema: format!("redrive_it_{n:x}"),
+        })
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .arg(&self.url)
+            .args([
+                "-qc",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
+            ])
+            .output();
+    }
 }
 
 /// Answer of a request: status and JSON body (`Null` if the body is not JSON).
@@ -62,11 +104,17 @@ impl TestServer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("redrive.toml");
         std::fs::write(&path, toml_text).unwrap();
+        let pg = PgSchema::fresh();
         let overrides = redrive_server::Overrides {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some(dir.path().join("data")),
+            storage_url: pg.as_ref().map(|p| p.url.clone()),
         };
-        let config = Config::load(Some(&path), Vec::new(), &overrides).unwrap();
+        let env: Vec<(String, String)> = pg
+            .iter()
+            .map(|p| ("REDRIVE_STORAGE_SCHEMA".to_owned(), p.schema.clone()))
+            .collect();
+        let config = Config::load(Some(&path), env, &overrides).unwrap();
         let server = Server::bind_with_clock(config, clock).await.unwrap();
         let addr = server.local_addr();
         let engine = server.engine().clone();
@@ -87,6 +135,7 @@ impl TestServer {
             engine,
             stop: Some(tx),
             task: Some(task),
+            _pg: pg,
         }
     }
 

@@ -20,6 +20,7 @@ pub fn run(args: &ServeArgs) -> ExitCode {
     let overrides = Overrides {
         listen: args.listen.clone(),
         data_dir: args.data_dir.clone(),
+        storage_url: args.storage_url.clone(),
     };
     // REDRIVE_SERVER / REDRIVE_TOKEN (the client commands') are skipped by Config::load.
     let config = match Config::load(args.config.as_deref(), std::env::vars(), &overrides) {
