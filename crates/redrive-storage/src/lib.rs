@@ -28,6 +28,7 @@ mod ops;
 mod options;
 pub mod rules;
 mod store;
+pub mod stored;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

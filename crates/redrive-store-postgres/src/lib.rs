@@ -16,7 +16,7 @@
 //! if store.synchronous_commit_off() {
 //!     eprintln!("warning: synchronous_commit is off: acknowledged writes may be lost");
 //! }
-//! let next = *store.wake_hint().borrow();
+//! let next = *store.notifier().due().borrow();
 //! # let _ = next;
 //! store.close().await;
 //! # Ok(())
@@ -59,16 +59,17 @@
 //! their durability, a lost one is redone, and any later synchronous commit makes them
 //! durable too (the WAL is flushed in order).
 //!
-//! Times are the caller's (`Some(now)`, as the trait passes today) or, when an operation is
-//! given `None` (the `*_at` methods), the database's clock, read once at the start of its
-//! transaction.
+//! Times are the caller's (`Some(now)`) or, given `None`, the database's clock, read once
+//! at the start of the transaction.
+//!
+//! Other stores on the schema hear of messages made ready through LISTEN/NOTIFY
+//! (`notify.rs`, [`Notifier::ready`]); `health` says `Unavailable` while a probe of the
+//! database (every second) gets no answer, and `Ok` again once it does.
 //!
 //! # Not yet
 //!
 //! - Group commit covers publish, ack and nack; release, return, extend, operator
 //!   actions, leases and ticks commit alone.
-//! - LISTEN/NOTIFY: [`Store::wake_hint`] is fed only by this store's own writes; another
-//!   node's publish is seen at the next tick.
 //! - Queue statistics are counted with `GROUP BY` on each call (no counters table yet).
 //! - A queue's `ordering` or `on_dead` changed while nodes run: the rows are rewritten
 //!   at the next open (`key_order::reconcile`), and nodes still running the old
@@ -79,7 +80,7 @@
 //!   (`key_order.rs`); PostgreSQL breaks it after `deadlock_timeout` and the call runs
 //!   again, so it costs latency, not correctness.
 //! - TLS: a URL asking for it (`sslmode=require`, `verify-ca`, `verify-full`) is refused.
-//! - `commit_stats().log_bytes` is 0 (no WAL position is read).
+//! - No figures of its own on `/metrics` (pool, WAL position).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 /// The per-item answers of a batch: `$body` (using the item `$it`) is run for each item;
@@ -225,6 +226,39 @@ impl Ctx {
     }
 }
 
+/// How often the health probe asks the database, and how long it waits for an answer.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Ask the database `SELECT 1` every [`PROBE_EVERY`], and record whether it answered, so
+/// that [`Store::health`] (and `/readyz`) says `Unavailable` while it is down or unreachable
+/// and `Ok` again, by itself, once it is back.
+async fn probe(inner: Arc<Inner>) {
+    loop {
+        let answer = tokio::time::timeout(PROBE_EVERY * 2, async {
+            let client = inner.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        let why = match answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("PostgreSQL does not answer: {e}")),
+            Err(_) => Some("PostgreSQL did not answer within 2 s".to_owned()),
+        };
+        if let Ok(mut u) = inner.unavailable.lock() {
+            if u.is_none() && why.is_some() {
+                tracing::warn!(reason = ?why, "the store is unavailable");
+            } else if u.is_some() && why.is_none() {
+                tracing::info!("the store is available again");
+            }
+            *u = why;
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
 /// What every transaction of a store shares.
 pub(crate) struct Inner {
     pool: deadpool_postgres::Pool,
@@ -245,6 +279,8 @@ pub(crate) struct Inner {
     pub channel: String,
     stats: Mutex<CommitStats>,
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+    /// Why the database cannot be reached now, as the last probe found (`probe`).
+    unavailable: Mutex<Option<String>>,
 }
 
 impl Inner {
@@ -297,6 +333,8 @@ pub struct PostgresStore {
     closed: AtomicBool,
     /// The LISTEN task (`notify::listen`), stopped by `close` and on drop.
     listener: tokio::task::JoinHandle<()>,
+    /// The health probe (`probe`), stopped by `close`.
+    prober: tokio::task::JoinHandle<()>,
     synchronous_commit_off: bool,
     schema: String,
 }
@@ -505,13 +543,25 @@ impl PostgresStore {
             channel: notify::channel(&opts.schema),
             stats: Mutex::new(CommitStats::default()),
             observer: opts.commit_observer.clone(),
+            unavailable: Mutex::new(None),
         });
+        let prober = tokio::spawn(probe(inner.clone()));
+        let (listening_tx, mut listening) = watch::channel(false);
         let listener = tokio::spawn(notify::listen(
             listen_cfg,
             inner.channel.clone(),
             inner.epoch,
             inner.ready_tx.clone(),
+            listening_tx,
         ));
+        // Listening before the store is handed out: a notice sent right after the open (by
+        // another node) reaches it. Not a condition of opening: notices are hints.
+        if tokio::time::timeout(CONNECTION_TIMEOUT, listening.wait_for(|l| *l))
+            .await
+            .is_err()
+        {
+            tracing::warn!("PostgreSQL LISTEN not ready yet: notices from other nodes may be late");
+        }
         let batcher = opts
             .group_commit
             .then(|| group_commit::Batcher::start(inner.clone()));
@@ -520,6 +570,7 @@ impl PostgresStore {
             batcher,
             closed: AtomicBool::new(false),
             listener,
+            prober,
             synchronous_commit_off,
             schema: opts.schema,
         })
@@ -959,12 +1010,16 @@ impl Store for PostgresStore {
         {
             return Health::Failed("the store's group-commit task has stopped".to_owned());
         }
-        Health::Ok
+        match self.inner.unavailable.lock().map(|u| u.clone()) {
+            Ok(Some(why)) => Health::Unavailable(why),
+            _ => Health::Ok,
+        }
     }
 
     async fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.listener.abort();
+        self.prober.abort();
         if let Some(b) = &self.batcher {
             b.close().await;
         }

@@ -13,7 +13,7 @@
 use crate::error::E;
 use redrive_storage::ReadyNotice;
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 /// How long the listener waits before connecting again after losing its connection.
@@ -55,13 +55,15 @@ fn parse(payload: &str, node: u64) -> Option<ReadyNotice> {
     (from != node).then_some(ReadyNotice { queue, count })
 }
 
-/// Listen on `channel` until `ready` has no sender left but this task's (the store is
-/// gone) or the task is aborted (the store closed), reconnecting after each loss.
+/// Listen on `channel` until the task is aborted (the store closed), reconnecting after
+/// each loss; `listening` says whether it is listening now (the store's open waits for the
+/// first time, so a notice sent right after the open is not missed).
 pub async fn listen(
     cfg: tokio_postgres::Config,
     channel: String,
     node: u64,
     ready: broadcast::Sender<ReadyNotice>,
+    listening_now: watch::Sender<bool>,
 ) {
     loop {
         match cfg.connect(NoTls).await {
@@ -78,6 +80,7 @@ pub async fn listen(
                                 break;
                             }
                             listening = true;
+                            listening_now.send_replace(true);
                         }
                         m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
                             Some(Ok(AsyncMessage::Notification(n))) => {
@@ -97,6 +100,7 @@ pub async fn listen(
             }
             Err(e) => tracing::debug!(error = %e, "PostgreSQL listener cannot connect"),
         }
+        listening_now.send_replace(false);
         tokio::time::sleep(RECONNECT_DELAY).await;
     }
 }

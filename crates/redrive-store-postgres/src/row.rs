@@ -3,8 +3,9 @@
 //! `redrive_storage::rules` check and change.
 
 use crate::error::E;
-use redrive_core::{DeadReason, HistoryEntry, LastError, Message, MessageId, State, Timestamp};
+use redrive_core::{DeadReason, Message, MessageId, State, Timestamp};
 use redrive_storage::rules::{LeaseEnd, Lifecycle};
+use redrive_storage::stored::StoredText;
 use redrive_storage::StoreError;
 
 /// The column list of every message read, in [`Row::from_pg`] order.
@@ -130,54 +131,33 @@ impl Row {
         history: Option<&str>,
         payload: Option<serde_json::Value>,
     ) -> Result<Message, E> {
-        let life = &self.life;
-        let history: Vec<HistoryEntry> = match history {
-            Some(h) => serde_json::from_str(h)?,
-            None => Vec::new(),
-        };
-        let last_error: Option<LastError> = match &self.last_error {
-            Some(s) => Some(serde_json::from_str(s)?),
-            None => None,
-        };
-        Ok(Message {
-            id: parse_id(&self.id)?,
-            queue: self.queue.clone(),
-            state: life.state,
-            payload: match payload {
-                Some(p) => p,
-                None => serde_json::from_str(&self.payload)?,
-            },
-            headers: match &self.headers {
-                Some(h) => serde_json::from_str(h)?,
-                None => Default::default(),
-            },
-            key: self.key.clone(),
-            idempotency_key: self.idempotency_key.clone(),
-            priority: self.priority,
-            attempts: life.attempts,
-            due_at: match life.state {
-                State::Scheduled | State::Ready => life.due_at,
-                _ => None,
-            },
-            lease_expires_at: match life.state {
-                State::Leased => life.lease_expires_at,
-                _ => None,
-            },
-            created_at: life.created_at,
-            updated_at: life.updated_at,
-            finished_at: life.finished_at,
-            dead_reason: life.dead_reason,
-            last_error,
+        Ok(redrive_storage::stored::message(
+            self.text(),
+            &self.life,
             history,
-            target_url: self.target_url.clone(),
-        })
+            payload,
+        )?)
+    }
+
+    /// The row's stored text, for [`redrive_storage::stored::message`].
+    pub fn text(&self) -> StoredText<'_> {
+        StoredText {
+            id: &self.id,
+            queue: &self.queue,
+            priority: self.priority,
+            key: self.key.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+            payload: &self.payload,
+            headers: self.headers.as_deref(),
+            last_error: self.last_error.as_deref(),
+            target_url: self.target_url.as_deref(),
+        }
     }
 }
 
 /// A stored message id.
 pub fn parse_id(s: &str) -> Result<MessageId, E> {
-    s.parse::<MessageId>()
-        .map_err(|e| E::Db(StoreError::Backend(format!("stored message id {s:?}: {e}"))))
+    redrive_storage::stored::parse_id(s).map_err(E::Db)
 }
 
 /// A time column's value.

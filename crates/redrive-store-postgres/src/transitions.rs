@@ -25,7 +25,6 @@ use redrive_storage::{
     Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
     PurgeOutcome, Release, Released, Returned, Settled, StoreError, TickOutcome,
 };
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering as AtomicOrdering;
 
@@ -443,7 +442,7 @@ async fn replay(
         None => {
             let tombstone: Option<String> = found.try_get(2)?;
             let expires_at: i64 = found.try_get(3)?;
-            purged_message(
+            redrive_storage::stored::purged_message(
                 id,
                 item,
                 tombstone.as_deref(),
@@ -457,68 +456,6 @@ async fn replay(
         replayed: true,
         failure: None,
     }))
-}
-
-/// The facts of a purged done message, kept in its idempotency record (`tombstone`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Tombstone {
-    created_at: i64,
-    updated_at: i64,
-    finished_at: Option<i64>,
-    attempts: u32,
-    priority: u8,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    headers: BTreeMap<String, String>,
-}
-
-/// The message a replay of a purged one answers with: `done`, no history, the replay's
-/// payload (equal to the original's by fingerprint). Without a tombstone (never written by
-/// this store, but a record is not trusted to have one) the publish time is derived from
-/// the record's expiry.
-fn purged_message(
-    id: MessageId,
-    item: &NewMessage,
-    tombstone: Option<&str>,
-    expires_at: i64,
-    window_ms: u64,
-) -> Result<Message, E> {
-    let t = match tombstone {
-        Some(json) => serde_json::from_str::<Tombstone>(json)?,
-        None => {
-            let created_at = expires_at.saturating_sub(window_ms.min(i64::MAX as u64) as i64);
-            Tombstone {
-                created_at,
-                updated_at: created_at,
-                finished_at: None,
-                attempts: 0,
-                priority: item.priority,
-                key: None,
-                headers: BTreeMap::new(),
-            }
-        }
-    };
-    Ok(Message {
-        id,
-        queue: item.queue.clone(),
-        state: State::Done,
-        payload: item.payload.clone(),
-        headers: t.headers,
-        key: t.key,
-        idempotency_key: item.idempotency_key.clone(),
-        priority: t.priority,
-        attempts: t.attempts,
-        due_at: None,
-        lease_expires_at: None,
-        created_at: Timestamp::from_millis(t.created_at),
-        updated_at: Timestamp::from_millis(t.updated_at),
-        finished_at: t.finished_at.map(Timestamp::from_millis),
-        dead_reason: None,
-        last_error: None,
-        history: Vec::new(),
-        target_url: item.target_url.clone(),
-    })
 }
 
 // ---- lease ----
@@ -1064,7 +1001,7 @@ pub async fn purge(
             let headers: Option<String> = r.try_get(9)?;
             let priority: i16 = r.try_get(7)?;
             let attempts: i32 = r.try_get(6)?;
-            let tombstone = Tombstone {
+            let tombstone = redrive_storage::stored::Tombstone {
                 created_at: r.try_get(3)?,
                 updated_at: r.try_get(4)?,
                 finished_at: r.try_get(5)?,
@@ -1654,7 +1591,7 @@ async fn publish_many(
                                     "a replayed record went missing".to_owned(),
                                 ))
                             })?;
-                        purged_message(
+                        redrive_storage::stored::purged_message(
                             row::parse_id(id)?,
                             item,
                             tombstone.as_deref(),

@@ -365,3 +365,102 @@ async fn lease_all(s: &PostgresStore) -> Result<Vec<redrive_storage::Leased>, St
     )
     .await
 }
+
+/// A TCP relay to the local PostgreSQL that the test can cut (every connection through it
+/// dropped, new ones refused) and mend on the same port: a real network failure between the
+/// store and a real database.
+struct Relay {
+    addr: std::net::SocketAddr,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    async fn start() -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let flag = up.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                let mut cuts = cuts.clone();
+                cuts.borrow_and_update(); // only a cut from now on ends this connection
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect("127.0.0.1:5432").await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, up, cut }
+    }
+
+    fn set(&self, up: bool) {
+        self.up.store(up, std::sync::atomic::Ordering::SeqCst);
+        if !up {
+            self.cut.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// While the database cannot be reached the store says `Unavailable` (never `Failed`), its
+/// calls fail `Unavailable`, and once it is reachable again the store is `Ok` and serves
+/// by itself, having lost nothing it answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_unavailable_while_the_database_is_cut_off_and_ok_after() {
+    let guard = common::fresh_schema(PREFIX);
+    let relay = Relay::start().await;
+    let mut opts = common::options(&guard.0, &Setup::default());
+    opts.url = format!("postgres://root@{}/test", relay.addr);
+    let s = PostgresStore::open(opts)
+        .await
+        .expect("open through the relay");
+    let before = s
+        .publish(vec![NewMessage::new(Q, json!("kept"))], None)
+        .await
+        .expect("publish");
+    assert_eq!(s.health(), Health::Ok);
+    relay.set(false);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !matches!(s.health(), Health::Unavailable(_)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?}",
+            s.health()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    match s.get(before[0].message.id).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("a read while cut off: {other:?}"),
+    }
+    relay.set(true);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.health() != Health::Ok {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?}",
+            s.health()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let got = s
+        .get(before[0].message.id)
+        .await
+        .expect("a read after")
+        .expect("the published message is there");
+    assert_eq!(got.state, State::Ready);
+    s.close().await;
+}

@@ -1,7 +1,8 @@
 //! A `messages` row and its conversion to a [`Message`].
 
-use redrive_core::{DeadReason, HistoryEntry, LastError, Message, MessageId, State, Timestamp};
+use redrive_core::{DeadReason, Message, State, Timestamp};
 use redrive_storage::rules::{LeaseEnd, Lifecycle};
+use redrive_storage::stored::StoredText;
 use redrive_storage::StoreError;
 
 /// Every column but `history`, in [`crate::schema::COLUMNS`] order: the message's
@@ -111,49 +112,17 @@ impl Row {
         history: Option<&str>,
         payload: Option<serde_json::Value>,
     ) -> Result<Message, StoreError> {
-        let life = &self.life;
-        let history: Vec<HistoryEntry> = match history {
-            Some(h) => serde_json::from_str(h)?,
-            None => Vec::new(),
-        };
-        let last_error: Option<LastError> = match &self.last_error {
-            Some(s) => Some(serde_json::from_str(s)?),
-            None => None,
-        };
-        Ok(Message {
-            id: self
-                .id
-                .parse::<MessageId>()
-                .map_err(|e| StoreError::Backend(e.to_string()))?,
-            queue: self.queue.clone(),
-            state: life.state,
-            payload: match payload {
-                Some(p) => p,
-                None => serde_json::from_str(&self.payload)?,
-            },
-            headers: match &self.headers {
-                Some(h) => serde_json::from_str(h)?,
-                None => Default::default(),
-            },
-            key: self.key.clone(),
-            idempotency_key: self.idempotency_key.clone(),
+        let text = StoredText {
+            id: &self.id,
+            queue: &self.queue,
             priority: self.priority,
-            attempts: life.attempts,
-            due_at: match life.state {
-                State::Scheduled | State::Ready => life.due_at,
-                _ => None,
-            },
-            lease_expires_at: match life.state {
-                State::Leased => life.lease_expires_at,
-                _ => None,
-            },
-            created_at: life.created_at,
-            updated_at: life.updated_at,
-            finished_at: life.finished_at,
-            dead_reason: life.dead_reason,
-            last_error,
-            history,
-            target_url: self.target_url.clone(),
-        })
+            key: self.key.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+            payload: &self.payload,
+            headers: self.headers.as_deref(),
+            last_error: self.last_error.as_deref(),
+            target_url: self.target_url.as_deref(),
+        };
+        redrive_storage::stored::message(text, &self.life, history, payload)
     }
 }
