@@ -59,6 +59,21 @@ pub fn on_postgres() -> bool {
 impl PgSchema {
     fn fresh() -> Option<PgSchema> {
         let url = std::env::var("REDRIVE_TEST_STORAGE_URL").ok()?;
+        static STALE: std::sync::Once = std::sync::Once::new();
+        STALE.call_once(|| {
+            let out = std::process::Command::new("psql")
+                .arg(&url)
+                .args([
+                    "-Atc",
+                    "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'redrive\\_it\\_%'",
+                ])
+                .output();
+            if let Ok(out) = out {
+                for schema in String::from_utf8_lossy(&out.stdout).lines() {
+                    drop_schema(&url, schema.trim());
+                }
+            }
+        });
         let n: u64 = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -71,15 +86,23 @@ impl PgSchema {
     }
 }
 
+/// Drop `schema` with `psql`, waiting at most 30 s for locks.
+fn drop_schema(url: &str, schema: &str) {
+    let _ = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-qc", "SET lock_timeout = '30s'"])
+        .args(["-qc", &format!("DROP SCHEMA IF EXISTS {schema} CASCADE")])
+        .output();
+}
+
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(&self.url)
-            .args([
-                "-qc",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
-            ])
-            .output();
+        // On a thread of its own, not waited for: this drop runs on the test's runtime,
+        // whose tasks (the server's connections) must keep running to end what they hold,
+        // or the DROP would wait for them for ever. Schemas a run leaves behind are dropped
+        // at the next run's first start (`PgSchema::fresh`).
+        let (url, schema) = (self.url.clone(), self.schema.clone());
+        std::thread::spawn(move || drop_schema(&url, &schema));
     }
 }
 
