@@ -111,7 +111,7 @@ done
 curl -sf "$base/readyz" >/dev/null || fail "not ready after 30 s"
 healthz=$(curl -s -o /dev/null -w '%{http_code}' "$base/healthz")
 [ "$healthz" = 200 ] || fail "/healthz answered $healthz"
-grep -q 'redrive listening.*store=sqlite data_dir=/var/lib/redrive' "$work/server.log" \
+grep -q 'redrive listening.*store=sqlite at=/var/lib/redrive' "$work/server.log" \
   || fail "no start-up line naming the store and /var/lib/redrive"
 if grep -q $'\x1b\[' "$work/server.log"; then fail "colour escapes in the log"; fi
 json() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
