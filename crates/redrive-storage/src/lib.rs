@@ -4,7 +4,7 @@
 //! state machine's *transitions* (publish, lease, ack, nack, extend, redrive,
 //! kill, delete, the scheduler's [`Store::tick`], purge) and the reads
 //! operators need (get, search, queue stats). A transition is atomic, and once
-//! its future resolves `Ok` it is durable under the store's [`Durability`].
+//! its future resolves `Ok` it is durable under the backend's durability setting (each method says which may answer earlier).
 //! Retry decisions are made inside the transition by
 //! [`redrive_core::RetryPolicy::decide`], with the queue's settings from the
 //! [`redrive_core::QueueCatalog`] the store was opened with, so two racing
