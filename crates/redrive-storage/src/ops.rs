@@ -74,6 +74,18 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// The states a task transition needs, in words (for `InvalidTaskState::allowed`).
+    pub fn allowed_text(from: &[TaskState]) -> &'static str {
+        match from {
+            [TaskState::Running] => "running",
+            [TaskState::Paused] => "paused",
+            [TaskState::Running, TaskState::Paused] | [TaskState::Paused, TaskState::Running] => {
+                "running or paused"
+            }
+            _ => "another state",
+        }
+    }
+
     /// The name in the API and the database.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -183,7 +183,7 @@ pub async fn task_transition(
         return Err(E::Logic(StoreError::InvalidTaskState {
             state: task.state,
             action: t.action,
-            allowed: allowed_text(t.from),
+            allowed: TaskState::allowed_text(t.from),
         }));
     }
     execute(
@@ -286,15 +286,4 @@ pub async fn task_step(
         applied,
         ran: true,
     })
-}
-
-fn allowed_text(from: &[TaskState]) -> &'static str {
-    match from {
-        [TaskState::Running] => "running",
-        [TaskState::Paused] => "paused",
-        [TaskState::Running, TaskState::Paused] | [TaskState::Paused, TaskState::Running] => {
-            "running or paused"
-        }
-        _ => "another state",
-    }
 }

@@ -212,7 +212,7 @@ impl WriterState {
             return Err(StoreError::InvalidTaskState {
                 state: task.state,
                 action: t.action,
-                allowed: allowed_text(t.from),
+                allowed: TaskState::allowed_text(t.from),
             });
         }
         self.conn
@@ -309,16 +309,5 @@ impl WriterState {
             applied,
             ran: true,
         })
-    }
-}
-
-fn allowed_text(from: &[TaskState]) -> &'static str {
-    match from {
-        [TaskState::Running] => "running",
-        [TaskState::Paused] => "paused",
-        [TaskState::Running, TaskState::Paused] | [TaskState::Paused, TaskState::Running] => {
-            "running or paused"
-        }
-        _ => "another state",
     }
 }
