@@ -53,3 +53,37 @@ pub struct Page {
     /// Pass back as `cursor` for the next page; `None` at the end.
     pub next_cursor: Option<String>,
 }
+
+/// Text helpers every backend's search uses the same way.
+pub mod filter_text {
+    /// The least string greater than every string that begins with `prefix` (code point
+    /// order, which is also UTF-8 byte order): `prefix` with its last character that has a
+    /// successor replaced by it, and what follows dropped. `None` when no character has one
+    /// (an empty prefix): no upper bound.
+    pub fn prefix_end(prefix: &str) -> Option<String> {
+        let mut chars: Vec<char> = prefix.chars().collect();
+        while let Some(last) = chars.pop() {
+            let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+            if let Some(next) = next {
+                chars.push(next);
+                return Some(chars.into_iter().collect());
+            }
+        }
+        None
+    }
+
+    /// A `LIKE` pattern matching `text` anywhere, with `%`, `_` and `\` escaped by `\`
+    /// (PostgreSQL's default escape; SQLite's with `ESCAPE '\'`).
+    pub fn like_pattern(text: &str) -> String {
+        let mut p = String::with_capacity(text.len() + 2);
+        p.push('%');
+        for c in text.chars() {
+            if matches!(c, '%' | '_' | '\\') {
+                p.push('\\');
+            }
+            p.push(c);
+        }
+        p.push('%');
+        p
+    }
+}

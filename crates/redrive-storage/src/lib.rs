@@ -34,7 +34,7 @@ pub mod stored;
 pub mod conformance;
 
 pub use error::StoreError;
-pub use filter::{MessageFilter, Page};
+pub use filter::{filter_text, MessageFilter, Page};
 pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
     TaskTransition,

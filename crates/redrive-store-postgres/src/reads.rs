@@ -8,6 +8,7 @@ use crate::sql::{query, query_opt};
 use crate::transitions::{next_lease_expiry, scheduled_queues};
 use deadpool_postgres::GenericClient;
 use redrive_core::{fingerprint, LastError, Message, MessageId, State, Timestamp};
+use redrive_storage::filter_text::{like_pattern, prefix_end};
 use redrive_storage::{MessageFilter, Page, QueueStats, StoreError};
 use tokio_postgres::types::ToSql;
 
@@ -72,34 +73,6 @@ pub async fn idempotency_keys<C: GenericClient>(
             Ok((r.try_get(0)?, crate::row::parse_id(&id)?))
         })
         .collect()
-}
-
-/// The least string greater than every string that begins with `prefix` (code point
-/// order); `None` when there is none (an empty prefix).
-fn prefix_end(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
-
-/// Escape `%`, `_` and `\` for a LIKE pattern (PostgreSQL's default escape is `\`).
-fn like_pattern(text: &str) -> String {
-    let mut p = String::with_capacity(text.len() + 2);
-    p.push('%');
-    for c in text.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            p.push('\\');
-        }
-        p.push(c);
-    }
-    p.push('%');
-    p
 }
 
 /// A statement's parameters, built with its `WHERE`.
@@ -343,7 +316,7 @@ pub async fn queue_stats<C: GenericClient>(c: &C) -> Result<Vec<QueueStats>, E> 
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use redrive_storage::filter_text::prefix_end;
 
     #[test]
     fn prefix_end_bounds_every_string_with_the_prefix() {

@@ -6,6 +6,7 @@ use crate::sql_error::SqlResultExt;
 use crate::transitions::Counts;
 use crate::SqliteOptions;
 use redrive_core::{fingerprint, DeadReason, ErrorClass, Message, MessageId, State, Timestamp};
+use redrive_storage::filter_text::{like_pattern, prefix_end};
 use redrive_storage::{MessageFilter, Page, QueueStats, StoreError};
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::Value;
@@ -192,36 +193,6 @@ pub fn idempotency_keys(
         .collect()
 }
 
-/// The least string greater than every string that begins with `prefix` (SQLite compares
-/// text as UTF-8 bytes, which orders as code points do): `prefix` with its last character
-/// that has a successor replaced by it, and what follows dropped. `None` when no character
-/// has one (an empty prefix): no upper bound.
-fn prefix_end(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
-}
-
-/// Escape `%`, `_` and `\` for a LIKE pattern with `ESCAPE '\'`.
-fn like_pattern(text: &str) -> String {
-    let mut p = String::with_capacity(text.len() + 2);
-    p.push('%');
-    for c in text.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            p.push('\\');
-        }
-        p.push(c);
-    }
-    p.push('%');
-    p
-}
-
 /// The `WHERE` conditions of `filter` (joined with `AND`, none when empty) and their
 /// arguments, shared by [`search`] and [`count`].
 fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
@@ -401,7 +372,7 @@ pub fn queue_stats(
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use redrive_storage::filter_text::prefix_end;
 
     #[test]
     fn prefix_end_bounds_every_string_with_the_prefix() {
