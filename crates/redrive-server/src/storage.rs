@@ -7,7 +7,7 @@
 use crate::config::StorageKind;
 use crate::{metrics::Metrics, Config, ServerError};
 use redrive_storage::{Store, StoreOptions};
-use redrive_store_postgres::{PostgresOptions, PostgresStore};
+use redrive_store_postgres::{PostgresOptions, PostgresStore, SqlPublishLimits};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use std::sync::Arc;
 
@@ -62,6 +62,12 @@ pub async fn open_store(
             opts.schema = config.storage_schema.clone();
             opts.pool_size = config.storage_pool_size;
             opts.store = shared(config);
+            // What the SQL function publish(…) checks: the HTTP publish's own limits.
+            opts.sql_publish = SqlPublishLimits {
+                max_payload_bytes: config.max_payload_bytes as u64,
+                max_header_bytes: config.max_header_bytes as u64,
+                max_schedule_ahead_ms: config.max_schedule_ahead.ms(),
+            };
             let observer_metrics = metrics.clone();
             opts.commit_observer = Some(Arc::new(move |n, secs| {
                 observer_metrics.observe_commit(n, secs)

@@ -115,9 +115,11 @@ mod reads;
 mod row;
 mod schema;
 mod sql;
+mod sql_publish;
 mod transitions;
 
 pub use schema::{valid_schema_name, SCHEMA_VERSION};
+pub use sql_publish::SqlPublishLimits;
 
 use error::E;
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp};
@@ -152,6 +154,9 @@ pub struct PostgresOptions {
     pub group_commit: bool,
     /// Called after each commit with (message transitions in it, seconds in COMMIT).
     pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
+    /// What the SQL function `publish(…)` checks (transactional enqueue,
+    /// `sql_publish.rs`): the server's limits, recorded in the schema at open.
+    pub sql_publish: SqlPublishLimits,
 }
 
 impl std::fmt::Debug for PostgresOptions {
@@ -176,6 +181,7 @@ impl PostgresOptions {
             store: StoreOptions::default(),
             group_commit: true,
             commit_observer: None,
+            sql_publish: SqlPublishLimits::default(),
         }
     }
 }
@@ -315,6 +321,18 @@ impl Inner {
             let changed = *hint != next;
             *hint = next;
             changed
+        });
+    }
+
+    /// Another process wrote a message due at `at` (ms): wake the scheduler then at the
+    /// latest.
+    pub fn due_elsewhere(&self, at: i64) {
+        self.wake_tx.send_if_modified(|hint| {
+            let earlier = hint.is_none_or(|h| h.as_millis() > at);
+            if earlier {
+                *hint = Some(Timestamp::from_millis(at));
+            }
+            earlier
         });
     }
 
@@ -521,6 +539,8 @@ impl PostgresStore {
             let mut client = pool.get().await?;
             schema::migrate(&mut client, &opts.schema).await?;
             key_order::reconcile(&mut client, &opts.schema, &opts.store.catalog).await?;
+            sql_publish::record(&client, opts.sql_publish, opts.store.idempotency_window_ms)
+                .await?;
             let sync: String = client
                 .query_one("SHOW synchronous_commit", &[])
                 .await?
@@ -536,7 +556,8 @@ impl PostgresStore {
             catalog: opts.store.catalog,
             idempotency_window_ms: opts.store.idempotency_window_ms,
             rng: Mutex::new(SplitMix64::new(seed)),
-            epoch: random_seed(),
+            // Never 0: notices from 0 are the SQL function's (`sql_publish.rs`).
+            epoch: random_seed() | 1,
             rotation: AtomicUsize::new(0),
             wake_tx: watch::Sender::new(wake.map(Timestamp::from_millis)),
             ready_tx: tokio::sync::broadcast::Sender::new(1024),
@@ -547,13 +568,7 @@ impl PostgresStore {
         });
         let prober = tokio::spawn(probe(inner.clone()));
         let (listening_tx, mut listening) = watch::channel(false);
-        let listener = tokio::spawn(notify::listen(
-            listen_cfg,
-            inner.channel.clone(),
-            inner.epoch,
-            inner.ready_tx.clone(),
-            listening_tx,
-        ));
+        let listener = tokio::spawn(notify::listen(listen_cfg, inner.clone(), listening_tx));
         // Listening before the store is handed out: a notice sent right after the open (by
         // another node) reaches it. Not a condition of opening: notices are hints.
         if tokio::time::timeout(CONNECTION_TIMEOUT, listening.wait_for(|l| *l))

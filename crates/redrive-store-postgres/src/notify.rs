@@ -11,9 +11,11 @@
 //! polls' own re-check, never relied upon.
 
 use crate::error::E;
+use crate::Inner;
 use redrive_storage::ReadyNotice;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 /// How long the listener waits before connecting again after losing its connection.
@@ -46,25 +48,42 @@ pub async fn send(
     Ok(())
 }
 
-/// Parse a notice: `None` for one of `node`'s own or one that is not ours.
-fn parse(payload: &str, node: u64) -> Option<ReadyNotice> {
-    let mut parts = payload.splitn(3, ' ');
-    let from = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let count: u32 = parts.next()?.parse().ok()?;
-    let queue = parts.next()?.to_owned();
-    (from != node).then_some(ReadyNotice { queue, count })
+/// A notice from another process on the schema.
+#[derive(Debug, PartialEq, Eq)]
+enum Notice {
+    /// `<sender> <count> <queue>`: messages became ready.
+    Ready(ReadyNotice),
+    /// `<sender> due <ms>`: a message was written that falls due then (the SQL function's
+    /// delayed publish, which no scheduler would otherwise know of until its next tick).
+    Due(i64),
 }
 
-/// Listen on `channel` until the task is aborted (the store closed), reconnecting after
-/// each loss; `listening` says whether it is listening now (the store's open waits for the
-/// first time, so a notice sent right after the open is not missed).
+/// Parse a notice: `None` for one of `node`'s own or one that is not ours. Sender 0 is the
+/// SQL function `publish(…)` (`sql_publish.rs`); a store's own sender is never 0.
+fn parse(payload: &str, node: u64) -> Option<Notice> {
+    let mut parts = payload.splitn(3, ' ');
+    let from = u64::from_str_radix(parts.next()?, 16).ok()?;
+    if from == node {
+        return None;
+    }
+    let second = parts.next()?;
+    if second == "due" {
+        return parts.next()?.parse().ok().map(Notice::Due);
+    }
+    let count: u32 = second.parse().ok()?;
+    let queue = parts.next()?.to_owned();
+    Some(Notice::Ready(ReadyNotice { queue, count }))
+}
+
+/// Listen on the store's channel until the task is aborted (the store closed), reconnecting
+/// after each loss; `listening` says whether it is listening now (the store's open waits for
+/// the first time, so a notice sent right after the open is not missed).
 pub async fn listen(
     cfg: tokio_postgres::Config,
-    channel: String,
-    node: u64,
-    ready: broadcast::Sender<ReadyNotice>,
+    inner: Arc<Inner>,
     listening_now: watch::Sender<bool>,
 ) {
+    let (channel, node) = (inner.channel.clone(), inner.epoch);
     loop {
         match cfg.connect(NoTls).await {
             Ok((client, mut conn)) => {
@@ -84,8 +103,12 @@ pub async fn listen(
                         }
                         m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
                             Some(Ok(AsyncMessage::Notification(n))) => {
-                                if let Some(notice) = parse(n.payload(), node) {
-                                    let _ = ready.send(notice);
+                                match parse(n.payload(), node) {
+                                    Some(Notice::Ready(r)) => {
+                                        let _ = inner.ready_tx.send(r);
+                                    }
+                                    Some(Notice::Due(at)) => inner.due_elsewhere(at),
+                                    None => {}
                                 }
                             }
                             Some(Ok(_)) => {}
@@ -112,7 +135,17 @@ mod tests {
     #[test]
     fn a_notice_names_its_sender_count_and_queue() {
         let n = parse("00000000000000ab 3 orders v2", 1).expect("another store's");
-        assert_eq!((n.queue.as_str(), n.count), ("orders v2", 3));
+        assert_eq!(
+            n,
+            Notice::Ready(ReadyNotice {
+                queue: "orders v2".into(),
+                count: 3
+            })
+        );
+        assert_eq!(
+            parse("0000000000000000 due 1700000000123", 1),
+            Some(Notice::Due(1_700_000_000_123))
+        );
         assert!(
             parse("00000000000000ab 3 orders", 0xab).is_none(),
             "our own"

@@ -9,8 +9,10 @@
 //!
 //! - `messages` holds identity, content and lifecycle, one row per message. Its payload,
 //!   headers and last error are kept as the JSON *text* they were written as (the store
-//!   never looks inside a payload; text keeps its bytes exactly, which `max_bytes` and the
-//!   idempotency fingerprint measure, and costs no `jsonb` parse on the write path).
+//!   never looks inside a payload; text keeps its bytes exactly, which `max_bytes`
+//!   measures, and costs no `jsonb` parse on the write path but one for the idempotency
+//!   fingerprint of a publish that has a key: the MD5 of its `jsonb` rendering, computed
+//!   by the database, so that the SQL function `publish(…)` computes the same).
 //! - The history is *appended* as rows of `history` (message seq, n, entry `jsonb`), never
 //!   a JSON array rewritten on every attempt: a failed attempt writes one small row, and
 //!   the `messages` row does not grow with its history (a wide row would make every
@@ -46,7 +48,11 @@
 //!   claim writes nothing but the message rows it leases.
 //! - `tasks` and `audit`: the operator's bulk tasks and audit log, as in the SQLite store.
 //! - `meta` (schema v2): what the rows were written under that the configuration can
-//!   change (each queue's ordering mode, for `key_order::reconcile`).
+//!   change (each queue's ordering mode, for `key_order::reconcile`), and the limits the
+//!   SQL function checks (`sql_publish`).
+//! - The function `publish(queue, payload, key, idempotency_key, delay, headers,
+//!   priority)` (schema v3): transactional enqueue from an application's own transaction
+//!   (`sql_publish.rs`).
 //!
 //! Times are `bigint` milliseconds since the epoch, like the SQLite store: a caller's clock
 //! (the conformance suite's fake 2023 clock) is honoured exactly, and the database's clock
@@ -83,10 +89,11 @@ use redrive_storage::StoreError;
 /// - 1: the first schema (see the module docs).
 /// - 2: `meta` (key → text): what the rows were written under that the configuration may
 ///   change, today the ordering mode of each queue (`key_order::reconcile`).
-pub const SCHEMA_VERSION: i32 = 2;
+/// - 3: the function `publish(…)`, transactional enqueue from SQL (`sql_publish.rs`).
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, crate::sql_publish::V3)];
 
 const V2: &str = "CREATE TABLE meta (k text COLLATE \"C\" PRIMARY KEY, v text NOT NULL);";
 

@@ -14,11 +14,12 @@ use crate::error::E;
 use crate::key_order;
 use crate::row::{self, columns, delay_ms, history_column, int, ms, Row};
 use crate::sql::{execute, query, query_one, query_opt, resolve_now};
+use crate::sql_publish;
 use crate::{Ctx, Inner};
 use deadpool_postgres::Transaction;
 use redrive_core::{
-    fnv1a, AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage,
-    State, Timestamp, Waited,
+    AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage, State,
+    Timestamp, Waited,
 };
 use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, KeyMode, LeaseEnd, Lifecycle};
 use redrive_storage::{
@@ -272,9 +273,8 @@ pub async fn publish(
     let mut out = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let payload = serde_json::to_string(&item.payload)?;
-        let fingerprint = format!("{:016x}", fnv1a(payload.as_bytes()));
         if let Some(ikey) = &item.idempotency_key {
-            if let Some(replay) = replay(st, tx, item, ikey, &fingerprint, index, now).await? {
+            if let Some(replay) = replay(st, tx, item, ikey, &payload, index, now).await? {
                 out.push(replay);
                 continue;
             }
@@ -351,16 +351,19 @@ pub async fn publish(
             // nothing is written, and the whole publish runs again and replays it.
             let n = execute(
                 tx,
-                "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (queue, ikey) DO UPDATE SET \
-                 message_id = EXCLUDED.message_id, fingerprint = EXCLUDED.fingerprint, \
-                 expires_at = EXCLUDED.expires_at, tombstone = NULL \
-                 WHERE idempotency.expires_at <= $6",
+                &format!(
+                    "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
+                     VALUES ($1, $2, $3, {}, $5) ON CONFLICT (queue, ikey) DO UPDATE SET \
+                     message_id = EXCLUDED.message_id, fingerprint = EXCLUDED.fingerprint, \
+                     expires_at = EXCLUDED.expires_at, tombstone = NULL \
+                     WHERE idempotency.expires_at <= $6",
+                    sql_publish::fingerprint("$4")
+                ),
                 &[
                     &item.queue,
                     ikey,
                     &id_text,
-                    &fingerprint,
+                    &payload,
                     &expires,
                     &now.as_millis(),
                 ],
@@ -413,22 +416,25 @@ async fn replay(
     tx: &Transaction<'_>,
     item: &NewMessage,
     ikey: &str,
-    fingerprint: &str,
+    payload: &str,
     index: usize,
     now: Timestamp,
 ) -> Result<Option<Published>, E> {
     let found = query_opt(
         tx,
-        "SELECT message_id, fingerprint, tombstone::text, expires_at FROM idempotency \
-         WHERE queue = $1 AND ikey = $2 AND expires_at > $3",
-        &[&item.queue, &ikey, &now.as_millis()],
+        &format!(
+            "SELECT message_id, fingerprint = {}, tombstone::text, expires_at FROM idempotency \
+             WHERE queue = $1 AND ikey = $2 AND expires_at > $3",
+            sql_publish::fingerprint("$4")
+        ),
+        &[&item.queue, &ikey, &now.as_millis(), &payload],
     )
     .await?;
     let Some(found) = found else {
         return Ok(None);
     };
-    let fp: String = found.try_get(1)?;
-    if fp != fingerprint {
+    let same: bool = found.try_get(1)?;
+    if !same {
         return Err(E::Logic(StoreError::IdempotencyConflict {
             index,
             key: ikey.to_owned(),
@@ -1370,9 +1376,26 @@ async fn publish_many(
     let t = now.as_millis();
     let mut payloads = Vec::with_capacity(items.len());
     for item in items {
-        let p = serde_json::to_string(&item.payload)?;
-        let fp = format!("{:016x}", fnv1a(p.as_bytes()));
-        payloads.push((p, fp));
+        payloads.push((serde_json::to_string(&item.payload)?, String::new()));
+    }
+    // The fingerprints of the keyed items, computed by the database (`sql_publish`).
+    let keyed_at: Vec<usize> = (0..items.len())
+        .filter(|&i| items[i].idempotency_key.is_some())
+        .collect();
+    if !keyed_at.is_empty() {
+        let texts: Vec<&str> = keyed_at.iter().map(|&i| payloads[i].0.as_str()).collect();
+        let rows = query(
+            tx,
+            &format!(
+                "SELECT {} FROM unnest($1::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n",
+                sql_publish::fingerprint("p")
+            ),
+            &[&texts],
+        )
+        .await?;
+        for (&i, r) in keyed_at.iter().zip(&rows) {
+            payloads[i].1 = r.try_get(0)?;
+        }
     }
     // The live records of the call's keys.
     let (kq, kk): (Vec<&str>, Vec<&str>) = items

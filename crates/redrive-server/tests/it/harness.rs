@@ -39,8 +39,8 @@ pub struct TestServer {
     pub engine: std::sync::Arc<redrive_server::engine::Engine>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
-    /// The PostgreSQL schema of this server, when the suite runs on PostgreSQL.
-    _pg: Option<PgSchema>,
+    /// The PostgreSQL schema of this server, when it runs on PostgreSQL.
+    pub pg: Option<PgSchema>,
 }
 
 /// The suite on PostgreSQL: with `REDRIVE_TEST_STORAGE_URL=postgres://…` every server of the
@@ -59,6 +59,11 @@ pub fn on_postgres() -> bool {
 impl PgSchema {
     fn fresh() -> Option<PgSchema> {
         let url = std::env::var("REDRIVE_TEST_STORAGE_URL").ok()?;
+        Some(Self::fresh_at(url))
+    }
+
+    /// A fresh schema on the database at `url`.
+    fn fresh_at(url: String) -> PgSchema {
         static STALE: std::sync::Once = std::sync::Once::new();
         STALE.call_once(|| {
             let out = std::process::Command::new("psql")
@@ -79,10 +84,10 @@ impl PgSchema {
             .unwrap()
             .as_nanos() as u64
             ^ u64::from(std::process::id()) << 32;
-        Some(PgSchema {
+        PgSchema {
             url,
             schema: format!("redrive_it_{n:x}"),
-        })
+        }
     }
 }
 
@@ -124,10 +129,30 @@ impl TestServer {
         toml_text: &str,
         clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
     ) -> TestServer {
+        Self::start_on(toml_text, clock, PgSchema::fresh()).await
+    }
+
+    /// Start on PostgreSQL whatever the run: `REDRIVE_TEST_STORAGE_URL`, or the local
+    /// `postgres://root@127.0.0.1:5432/test` (for what only PostgreSQL does).
+    pub async fn start_on_postgres(toml_text: &str) -> TestServer {
+        let url = std::env::var("REDRIVE_TEST_STORAGE_URL")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
+        Self::start_on(
+            toml_text,
+            std::sync::Arc::new(redrive_server::engine::SystemClock),
+            Some(PgSchema::fresh_at(url)),
+        )
+        .await
+    }
+
+    async fn start_on(
+        toml_text: &str,
+        clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
+        pg: Option<PgSchema>,
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("redrive.toml");
         std::fs::write(&path, toml_text).unwrap();
-        let pg = PgSchema::fresh();
         let overrides = redrive_server::Overrides {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some(dir.path().join("data")),
@@ -158,7 +183,7 @@ impl TestServer {
             engine,
             stop: Some(tx),
             task: Some(task),
-            _pg: pg,
+            pg,
         }
     }
 

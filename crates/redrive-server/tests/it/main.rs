@@ -18,6 +18,7 @@ mod e2e_publish;
 mod e2e_push;
 mod e2e_queues_ops;
 mod e2e_smoke;
+mod e2e_sql_publish;
 mod e2e_tasks;
 mod e2e_ui;
 mod harness;
