@@ -38,6 +38,17 @@ pub fn start(dir: &Path, port: u16, config_text: &str) -> Node {
 
 /// Start with the config file in `config_dir` and the data in `data_dir`.
 pub fn start_in(config_dir: &Path, data_dir: &Path, port: u16, config_text: &str) -> Node {
+    start_with(config_dir, data_dir, port, config_text, &[])
+}
+
+/// [`start_in`] with `extra` arguments after `serve`'s own (e.g. `--storage-url URL`).
+pub fn start_with(
+    config_dir: &Path,
+    data_dir: &Path,
+    port: u16,
+    config_text: &str,
+    extra: &[&str],
+) -> Node {
     let config = config_dir.join("redrive.toml");
     std::fs::write(&config, config_text).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
@@ -50,10 +61,12 @@ pub fn start_in(config_dir: &Path, data_dir: &Path, port: u16, config_text: &str
         .arg(data_dir)
         .arg("--config")
         .arg(&config)
+        .args(extra)
         .env("RUST_LOG", "warn")
         // Test knobs are no server settings (the server refuses unknown REDRIVE_* keys).
         .env_remove("REDRIVE_CRASH_CYCLES")
         .env_remove("REDRIVE_POWER_CUT_CYCLES")
+        .env_remove("REDRIVE_PG_CRASH_CYCLES")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
