@@ -3,8 +3,10 @@
 # directory, and start / stop one fresh server at a time on 127.0.0.1:$PORT. Sets BIN (redrive),
 # BENCH (redrive-bench), WORK, SERVER and PID; the caller sets PORT first.
 #
-#   start DATA_DIR   start a server on DATA_DIR with $WORK/bench.toml and wait for /readyz
-#                    (its log goes to $WORK/server.log, whose tail is printed if it fails)
+#   start DATA_DIR [POSTGRES_URL SCHEMA]
+#                    start a server on DATA_DIR with $WORK/bench.toml and wait for /readyz
+#                    (its log goes to $WORK/server.log, whose tail is printed if it fails);
+#                    with a URL and a schema, its store is that PostgreSQL schema instead
 #   stop             SIGTERM it and wait
 
 cargo build --release -p redrive -p redrive-bench --quiet
@@ -36,9 +38,11 @@ url = "http://127.0.0.1:18183/hook"
 concurrency = 64
 TOML
 
-start() { # data dir
-  "$BIN" serve --config "$WORK/bench.toml" --listen "127.0.0.1:$PORT" --data-dir "$1" \
-    >>"$WORK/server.log" 2>&1 &
+start() { # data dir [postgres url, schema]
+  local store=()
+  if [ -n "${2:-}" ]; then store=(--storage-url "$2"); fi
+  REDRIVE_STORAGE_SCHEMA=${3:-redrive} "$BIN" serve --config "$WORK/bench.toml" \
+    --listen "127.0.0.1:$PORT" --data-dir "$1" "${store[@]}" >>"$WORK/server.log" 2>&1 &
   PID=$!
   # Up to 60 s: opening a store of millions of messages takes seconds.
   for _ in $(seq 1 6000); do

@@ -8,7 +8,15 @@
 #   scripts/bench_vs_pg.sh                            # 3 interleaved rounds of each shape
 #   ROUNDS=1 MESSAGES=5000 scripts/bench_vs_pg.sh     # a quick check
 #   SHAPES="16x100" PUBLISHERS=8 scripts/bench_vs_pg.sh
+#   SYSTEMS="redrive-pg pg" scripts/bench_vs_pg.sh    # redrive on PostgreSQL against the peer
 #
+# SYSTEMS    what runs, in this order each round (default "redrive redrive-pg pg"): redrive on its
+#            embedded store, redrive on PostgreSQL (--storage-url PG_URL, a fresh schema per run,
+#            dropped after), the bare SKIP LOCKED peer. For the two on PostgreSQL each run also
+#            reports, per retry cycle (one message published, leased, nacked, leased again and
+#            acked): the database's commits (pg_stat_database.xact_commit), the cluster's WAL
+#            bytes (pg_current_wal_lsn), and the dead tuples the run made (n_tup_upd + n_tup_del
+#            of the run's tables: every update or delete leaves one for vacuum).
 # SHAPES     consumers x batch, space-separated (default "16x100 8x10 64x1"). batch 1 means one
 #            message per lease and one ack / nack request per message (redrive's single-message
 #            endpoints; for PostgreSQL, one claim of 1 row and one UPDATE / DELETE per job).
@@ -30,6 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SHAPES=${SHAPES:-"16x100 8x10 64x1"}
+SYSTEMS=${SYSTEMS:-"redrive redrive-pg pg"}
 PUBLISHERS=${PUBLISHERS:-4}
 PUBLISH_BATCH=${PUBLISH_BATCH:-100}
 ROUNDS=${ROUNDS:-3}
@@ -66,25 +75,67 @@ $(pg 'SHOW data_directory' 2>/dev/null || echo '?') ($(df --output=source,fstype
 echo "publishers: $PUBLISHERS on both sides, $PUBLISH_BATCH messages per publish request; rounds: $ROUNDS; payload: the bench's default (64 bytes)"
 echo
 
+# PostgreSQL's counters now: "wal_lsn commits updates_and_deletes" (the last of the tables
+# matched by the WHERE condition $1 on pg_stat_user_tables). The statistics of a backend reach
+# the view when it ends, or within a second: call after the run's connections closed.
+pg_counters() {
+  pg "SELECT pg_current_wal_lsn(), (SELECT xact_commit FROM pg_stat_database
+      WHERE datname = current_database()), (SELECT coalesce(sum(n_tup_upd + n_tup_del), 0)
+      FROM pg_stat_user_tables WHERE $1)" | tr '|' ' '
+}
+
+# Per retry cycle between two pg_counters readings: "commits wal_bytes dead_tuples".
+per_cycle() { # before after messages
+  local b=($1) a=($2)
+  pg "SELECT round(($((a[1] - b[1])))::numeric / $3, 2), round(pg_wal_lsn_diff('${a[0]}', '${b[0]}') / $3),
+      round(($((a[2] - b[2])))::numeric / $3, 2)" | tr '|' ' '
+}
+
 # One run: system shape round consumers batch messages; appends "shape system rate" to results.
 run() {
   local system=$1 shape=$2 round=$3 consumers=$4 batch=$5 messages=$6
-  local out="$WORK/$system-$shape-$round.json" target
+  local out="$WORK/$system-$shape-$round.json" target tables="" before=""
   local common=(--workload retry-cycle --connections $((consumers + PUBLISHERS))
     --publishers "$PUBLISHERS" --batch "$batch" --publish-batch "$PUBLISH_BATCH"
     --messages "$messages" --json)
-  if [ "$system" = redrive ]; then
+  case $system in
+  redrive)
     local data="$WORK/data-$shape-$round"
     start "$data"
     "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
     stop
     rm -rf "$data"
     target=redrive
-  else
+    ;;
+  redrive-pg)
+    local schema="redrive_bench_${shape}_$round"
+    pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+    start "$WORK/data-unused" "$PG_URL" "$schema"
     pg CHECKPOINT >/dev/null
+    tables="schemaname = '$schema'"
+    sleep 1.2 # the open's own statistics reach the view
+    before=$(pg_counters "$tables")
+    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    stop
+    target=redrive-pg
+    ;;
+  pg)
+    pg CHECKPOINT >/dev/null
+    tables="relname = 'redrive_bench_jobs'"
+    before=$(pg_counters "$tables")
     "$BENCH" --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err" || true
     target=PostgreSQL
+    ;;
+  esac
+  local cost=""
+  if [ -n "$tables" ]; then
+    sleep 1.2
+    local costs
+    costs=$(per_cycle "$before" "$(pg_counters "$tables")" "$messages")
+    cost=$(awk '{printf "  per cycle: commits %s, WAL %s B, dead tuples %s", $1, $2, $3}' <<<"$costs")
+    echo "$shape $system $costs" >>"$WORK/costs.txt"
   fi
+  [ "$system" = redrive-pg ] && pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
   if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then
     printf '%-7s round %d  %-10s  FAILED: %s\n' "$shape" "$round" "$target" \
       "$( (jq -r '.incomplete_reason // empty' "$out" 2>/dev/null; tail -3 "$out.err") | tr '\n' ' ')"
@@ -98,8 +149,8 @@ run() {
       | @tsv' "$out")
   local rate p50 p99 elapsed errors syncs
   IFS=$'\t' read -r rate p50 p99 elapsed errors syncs <<<"$line"
-  printf '%-7s round %d  %-10s  %7s cycles/s  p50 %6s ms  p99 %6s ms  %6s s  fsyncs/s %5s  errors %s\n' \
-    "$shape" "$round" "$target" "$rate" "$p50" "$p99" "$elapsed" "$syncs" "$errors"
+  printf '%-7s round %d  %-10s  %7s cycles/s  p50 %6s ms  p99 %6s ms  %6s s  fsyncs/s %5s  errors %s%s\n' \
+    "$shape" "$round" "$target" "$rate" "$p50" "$p99" "$elapsed" "$syncs" "$errors" "$cost"
   jq -r --arg shape "$shape" --arg system "$system" '[$shape, $system, .messages_per_s] | @tsv' \
     "$out" >>"$WORK/results.tsv"
 }
@@ -117,8 +168,9 @@ for shape in $SHAPES; do
   fi
   echo "== $shape: $consumers consumers, $PUBLISHERS publishers, batch $batch, $messages messages"
   for round in $(seq 1 "$ROUNDS"); do
-    run redrive "$shape" "$round" "$consumers" "$batch" "$messages"
-    run pg "$shape" "$round" "$consumers" "$batch" "$messages"
+    for system in $SYSTEMS; do
+      run "$system" "$shape" "$round" "$consumers" "$batch" "$messages"
+    done
   done
 done
 
@@ -137,12 +189,29 @@ def fig(values):
     m = median(values)
     return f"{m:,.0f} [{min(values):,.0f}–{max(values):,.0f}] (n={len(values)})", m
 
-print(f"{'shape':<8} {'redrive':<32} {'PostgreSQL':<32} redrive/PostgreSQL")
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+print(f"{'shape':<8} {'redrive':<30} {'redrive on PostgreSQL':<30} {'PostgreSQL SKIP LOCKED':<30} "
+      "redrive/PG  redrive-on-PG/PG")
 for shape in shapes:
-    rd = [float(r[2]) for r in rows if r[0] == shape and r[1] == "redrive"]
-    pg = [float(r[2]) for r in rows if r[0] == shape and r[1] == "pg"]
-    rd_text, rd_m = fig(rd)
-    pg_text, pg_m = fig(pg)
-    ratio = f"{rd_m / pg_m:.2f}x" if rd_m and pg_m else "n/a"
-    print(f"{shape:<8} {rd_text:<32} {pg_text:<32} {ratio}")
+    figs = {}
+    for system in ("redrive", "redrive-pg", "pg"):
+        figs[system] = fig([float(r[2]) for r in rows if r[0] == shape and r[1] == system])
+    print(f"{shape:<8} {figs['redrive'][0]:<30} {figs['redrive-pg'][0]:<30} {figs['pg'][0]:<30} "
+          f"{ratio(figs['redrive'][1], figs['pg'][1]):<11} {ratio(figs['redrive-pg'][1], figs['pg'][1])}")
 PY
+if [ -s "$WORK/costs.txt" ]; then
+  echo
+  echo "PostgreSQL's work per retry cycle (median of the rounds): commits, WAL bytes, dead tuples"
+  python3 - "$WORK/costs.txt" <<'PY'
+import sys
+from statistics import median
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+for key in dict.fromkeys((r[0], r[1]) for r in rows):
+    sel = [r for r in rows if (r[0], r[1]) == key]
+    name = {"redrive-pg": "redrive on PostgreSQL", "pg": "PostgreSQL SKIP LOCKED"}[key[1]]
+    c, w, d = (median(float(r[i]) for r in sel) for i in (2, 3, 4))
+    print(f"{key[0]:<8} {name:<24} commits {c:6.2f}  WAL {w:8,.0f} B  dead tuples {d:5.2f}")
+PY
+fi

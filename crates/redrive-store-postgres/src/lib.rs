@@ -512,9 +512,19 @@ impl PostgresStore {
                     .to_owned(),
             ));
         }
+        // Plans are made for each execution's arguments, never cached generic ones: a generic
+        // plan is fixed on a connection after its first executions, and one made while a
+        // table was empty (a new schema, a drained queue) joins `messages` by a sequential
+        // scan for as long as the connection lives (measured: a retry cycle at 1/5 of its
+        // speed, the statements reading the whole table thousands of times). Planning costs
+        // far less than that, and batches make it rare per message.
+        let ours = format!(
+            "-c search_path={} -c plan_cache_mode=force_custom_plan",
+            opts.schema
+        );
         let options = match cfg.get_options() {
-            Some(o) if !o.trim().is_empty() => format!("{o} -c search_path={}", opts.schema),
-            _ => format!("-c search_path={}", opts.schema),
+            Some(o) if !o.trim().is_empty() => format!("{o} {ours}"),
+            _ => ours,
         };
         cfg.options(&options);
         if cfg.get_application_name().is_none() {

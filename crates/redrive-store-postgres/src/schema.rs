@@ -225,7 +225,8 @@ async fn lock(tx: &deadpool_postgres::Transaction<'_>, schema: &str) -> Result<i
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(schema)])
         .await?;
     tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}; \
+        "SET LOCAL client_min_messages = warning; CREATE SCHEMA IF NOT EXISTS {schema}; \
+         SET LOCAL search_path TO {schema}; \
          CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, \
          applied_at timestamptz NOT NULL DEFAULT now());"
     ))

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Delayed delivery lateness at a steady due rate, redrive on its embedded store and on
+# PostgreSQL (a fresh schema per run), interleaved rounds: `redrive-bench --workload delayed`
+# publishes MESSAGES messages due over SPREAD (plus a 10 % tail of long delays), all before the
+# first is due, and consumers long-poll and ack; lateness = received − due, first deliveries.
+#
+#   scripts/bench_delayed.sh                          # 1,000 due/s: 10,000 over 10 s, 3 rounds
+#   MESSAGES=20000 SPREAD=10s scripts/bench_delayed.sh
+#
+# SYSTEMS  default "redrive redrive-pg"; PG_URL default postgres://root@127.0.0.1:5432/test;
+# CONNECTIONS (default 8, PUBLISHERS of them publish, default 2); ROUNDS default 3; PORT 7079.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MESSAGES=${MESSAGES:-10000}
+SPREAD=${SPREAD:-10s}
+SYSTEMS=${SYSTEMS:-"redrive redrive-pg"}
+PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
+CONNECTIONS=${CONNECTIONS:-8}
+PUBLISHERS=${PUBLISHERS:-2}
+ROUNDS=${ROUNDS:-3}
+PORT=${PORT:-7079}
+
+# shellcheck source=bench_server.sh
+source scripts/bench_server.sh
+pg() { psql "$PG_URL" -XAtqc "$1"; }
+
+echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (with local changes)')"
+echo "$MESSAGES messages due over $SPREAD (+10 % long delays), $CONNECTIONS connections ($PUBLISHERS publishing)"
+echo
+for round in $(seq 1 "$ROUNDS"); do
+  for system in $SYSTEMS; do
+    out="$WORK/$system-$round.json"
+    schema="redrive_bench_delayed_$round"
+    if [ "$system" = redrive-pg ]; then
+      pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+      start "$WORK/data-unused" "$PG_URL" "$schema"
+    else
+      start "$WORK/data-$round"
+    fi
+    "$BENCH" --server "$SERVER" --workload delayed --messages "$MESSAGES" --spread "$SPREAD" \
+      --connections "$CONNECTIONS" --publishers "$PUBLISHERS" --json >"$out" 2>"$out.err" || true
+    stop
+    if [ "$system" = redrive-pg ]; then pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null; fi
+    rm -rf "$WORK/data-$round"
+    if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then
+      echo "round $round $system FAILED: $(tail -3 "$out.err" | tr '\n' ' ')"
+      continue
+    fi
+    jq -r --arg s "$system" --arg r "$round" \
+      '"round \($r) \($s | .+"          " | .[0:10]) lateness p50 \(.lateness.p50_ms) ms, p99 \(.lateness.p99_ms) ms, max \(.lateness.max_ms) ms (short delays p99 \(.lateness_short.p99_ms) ms); early \(.early)"' \
+      "$out"
+  done
+done
