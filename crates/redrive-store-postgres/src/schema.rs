@@ -33,8 +33,8 @@
 //!   ready or finished rows. `ix_leased (lease_expires_at) WHERE state = 2` is the reaper's.
 //! - Done and dead messages are out of the hot path: no hot index holds them (`ix_done`
 //!   for the purge, `ix_dead` for the console are partial on their state), and done ones are
-//!   deleted by the purge (cascading to their history). We do not partition by state
-//!   (Oban's `tuple moved to another partition` errors).
+//!   deleted by the purge with their history (one statement; no foreign key since v4). We
+//!   do not partition by state (Oban's `tuple moved to another partition` errors).
 //! - `idempotency` (queue, key → message id, payload fingerprint, expiry, tombstone
 //!   `jsonb`) outlives purged messages for the whole window: the purge writes into it what a
 //!   replay answers (the tombstone).
@@ -90,10 +90,16 @@ use redrive_storage::StoreError;
 /// - 2: `meta` (key → text): what the rows were written under that the configuration may
 ///   change, today the ordering mode of each queue (`key_order::reconcile`).
 /// - 3: the function `publish(…)`, transactional enqueue from SQL (`sql_publish.rs`).
-pub const SCHEMA_VERSION: i32 = 3;
+/// - 4: `history` without its foreign key to `messages`: its per-row check (a trigger and a
+///   key-share lock of the message row for every history row appended) was a quarter of a
+///   retry cycle's database time; the purge and `delete` remove a message's history in the
+///   same statement or transaction instead.
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, crate::sql_publish::V3)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, crate::sql_publish::V3), (4, V4)];
+
+const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";
 
 const V2: &str = "CREATE TABLE meta (k text COLLATE \"C\" PRIMARY KEY, v text NOT NULL);";
 

@@ -45,10 +45,13 @@ const PURGE_LIMIT: i64 = 10_000;
 /// row). `SET` sees the row as it was, so the token's attempt number is the new one. A
 /// leased head of a key waits (`key_blocked` true), so nothing else of its key is leasable.
 pub const LEASE_SQL: &str = concat!(
-    "UPDATE messages SET state = 2, attempts = attempts + 1, \
-     lease_token = (attempts + 1)::text || '-' || $3, leased_at = $4, lease_expires_at = $5, \
-     lease_end = NULL, updated_at = $4, \
+    "WITH clock AS (SELECT coalesce($4::bigint, \
+       (extract(epoch from clock_timestamp()) * 1000)::bigint) AS t) \
+     UPDATE messages SET state = 2, attempts = attempts + 1, \
+     lease_token = (attempts + 1)::text || '-' || $3, leased_at = clock.t, \
+     lease_expires_at = clock.t + $5::bigint, lease_end = NULL, updated_at = clock.t, \
      key_blocked = CASE WHEN key_blocked IS NULL THEN NULL ELSE true END \
+     FROM clock \
      WHERE seq = ANY(ARRAY( \
        SELECT f.seq FROM ( \
          SELECT c.seq, row_number() OVER w AS rn, sum(c.size) OVER w AS used FROM ( \
@@ -466,10 +469,14 @@ async fn replay(
 
 // ---- lease ----
 
-/// Lease up to `req.max` ready messages of `req.queue` ([`LEASE_SQL`]).
+/// Lease up to `req.max` ready messages of `req.queue` ([`LEASE_SQL`]) on `client`, in one
+/// round trip: `BEGIN`, the setting, the claim and `COMMIT` are pipelined, and the claim
+/// reads the database's clock itself when `now` is `None` (no round trip for it). Not
+/// retried on a lost connection: the claim may have committed, and a second one would
+/// charge an attempt nobody was handed.
 pub async fn lease(
     st: &Inner,
-    tx: &Transaction<'_>,
+    client: &deadpool_postgres::Client,
     cx: &mut Ctx,
     req: &LeaseRequest,
     now: Option<Timestamp>,
@@ -477,25 +484,33 @@ pub async fn lease(
     // Nobody is promised a lease's durability (SPEC §4 names publish, ack, nack and operator
     // actions): a lease lost in a crash leaves its message ready, delivered again with the
     // same attempt number, like the SQLite store's unsynced leases.
-    let now = resolve_now(tx, now).await?;
-    let expires = now.plus_ms(req.lease_ms);
     let max = i64::from(req.max.max(1));
     let budget: Option<i64> = match req.max_bytes {
         Some(b) if req.max > 1 => Some(b.min(i64::MAX as u64) as i64),
         _ => None,
     };
+    let lease_ms = req.lease_ms.min(i64::MAX as u64) as i64;
     let nonce = st.nonce();
-    let (t, e) = (now.as_millis(), expires.as_millis());
-    // Pipelined: the setting and the claim in one round trip.
+    let t = now.map(Timestamp::as_millis);
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-        [&req.queue, &max, &nonce, &t, &e, &budget];
-    let (set, rows) = tokio::join!(
-        tx.batch_execute(ASYNC_COMMIT),
-        query(tx, LEASE_SQL, &params)
+        [&req.queue, &max, &nonce, &t, &lease_ms, &budget];
+    let (begin, rows, commit) = tokio::join!(
+        client.batch_execute(concat!("BEGIN; ", "SET LOCAL synchronous_commit = off")),
+        client.query(LEASE_SQL, &params),
+        client.batch_execute("COMMIT")
     );
-    set?;
+    begin?;
     let rows = rows?;
+    commit?;
     let mut rows: Vec<Row> = rows.iter().map(Row::from_pg).collect::<Result<_, _>>()?;
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let (Some(at), Some(expires)) = (first.life.leased_at, first.life.lease_expires_at) else {
+        return Err(E::Db(StoreError::Backend(
+            "a leased row without its lease times".to_owned(),
+        )));
+    };
     // RETURNING has no order: restore the lease order.
     rows.sort_by(|a, b| {
         b.priority
@@ -506,7 +521,7 @@ pub async fn lease(
     let policy = &st.catalog.get(&req.queue).retry;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
+        let lateness_ms = at.as_millis() - row.life.due_at.unwrap_or(at).as_millis();
         out.push(Leased {
             message: row.to_message(None, None)?,
             attempt: row.life.attempts,
@@ -517,9 +532,7 @@ pub async fn lease(
         });
     }
     cx.changes += out.len() as u64;
-    if !out.is_empty() {
-        cx.wake_at(expires.as_millis());
-    }
+    cx.wake_at(expires.as_millis());
     Ok(out)
 }
 
@@ -784,6 +797,13 @@ pub async fn delete(
     let row = locked_row(tx, id).await?;
     let message = full_message(tx, row.seq).await?;
     execute(tx, "DELETE FROM messages WHERE seq = $1", &[&row.seq]).await?;
+    // No foreign key deletes it (schema v4).
+    execute(
+        tx,
+        "DELETE FROM history WHERE message_seq = $1",
+        &[&row.seq],
+    )
+    .await?;
     if let Some(ikey) = &row.idempotency_key {
         execute(
             tx,
@@ -989,11 +1009,14 @@ pub async fn purge(
         .saturating_sub(done_retention_ms.min(i64::MAX as u64) as i64);
     let rows = query(
         tx,
-        "DELETE FROM messages WHERE seq = ANY(ARRAY( \
+        "WITH gone AS (DELETE FROM messages WHERE seq = ANY(ARRAY( \
            SELECT seq FROM messages WHERE state = 3 AND finished_at < $1 \
            ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-         RETURNING queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
-         priority, msg_key, headers",
+         RETURNING seq, queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
+         priority, msg_key, headers), \
+         their_history AS (DELETE FROM history WHERE message_seq IN (SELECT seq FROM gone)) \
+         SELECT queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
+         priority, msg_key, headers FROM gone",
         &[&cutoff, &PURGE_LIMIT],
     )
     .await?;

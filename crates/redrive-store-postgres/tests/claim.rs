@@ -166,3 +166,50 @@ async fn throughput() {
     );
     s.close().await;
 }
+
+/// `history` has no foreign key (schema v4): the purge and `delete` remove a message's
+/// history rows themselves, and leave every other message's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_and_delete_take_the_history_rows_with_them() {
+    let (s, guard) = common::open(PREFIX, Setup::default()).await;
+    let published = s
+        .publish(
+            (0..3).map(|i| NewMessage::new(Q, json!(i))).collect(),
+            Some(at(0)),
+        )
+        .await
+        .unwrap();
+    let leased = s.lease(req(3, None), Some(at(1))).await.unwrap();
+    assert_eq!(leased.len(), 3);
+    // Each acked: one history row each.
+    let acks = leased
+        .iter()
+        .map(|l| {
+            redrive_storage::Ack::from(LeaseRef {
+                id: l.message.id,
+                token: l.token.clone(),
+            })
+        })
+        .collect();
+    for r in s.ack(acks, Some(at(2))).await.unwrap() {
+        r.unwrap();
+    }
+    let rows = |schema: String| async move {
+        let (c, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let n: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {schema}.history"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    assert_eq!(rows(guard.0.clone()).await, 3);
+    s.delete(published[0].message.id).await.unwrap();
+    assert_eq!(rows(guard.0.clone()).await, 2, "delete left its history");
+    let purged = s.purge(Some(at(10_000)), 1_000).await.unwrap();
+    assert_eq!(purged.done_deleted.iter().map(|(_, n)| n).sum::<u64>(), 2);
+    assert_eq!(rows(guard.0.clone()).await, 0, "the purge left history");
+}
