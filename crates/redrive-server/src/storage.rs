@@ -22,12 +22,15 @@ pub struct OpenedStore {
     pub location: String,
 }
 
-/// The options every backend shares, from `config`.
-fn shared(config: &Config) -> StoreOptions {
+/// The options every backend shares, from `config`; commits feed the histograms of
+/// `metrics`.
+fn shared(config: &Config, metrics: &Arc<Metrics>) -> StoreOptions {
+    let metrics = metrics.clone();
     StoreOptions {
         catalog: Arc::new(config.catalog()),
         idempotency_window_ms: config.idempotency_window.ms(),
         seed: None,
+        commit_observer: Some(Arc::new(move |n, secs| metrics.observe_commit(n, secs))),
     }
 }
 
@@ -38,14 +41,10 @@ pub async fn open_store(
 ) -> Result<OpenedStore, ServerError> {
     match config.storage_kind() {
         StorageKind::Embedded => {
-            let observer_metrics = metrics.clone();
             let mut opts = SqliteOptions::new(&config.data_dir);
             opts.durability = config.durability.into();
-            opts.store = shared(config);
+            opts.store = shared(config, metrics);
             opts.max_wal_bytes = config.max_wal_bytes;
-            opts.commit_observer = Some(Arc::new(move |n, secs| {
-                observer_metrics.observe_commit(n, secs)
-            }));
             let location = config.data_dir.display().to_string();
             let store = SqliteStore::open(opts).map_err(|source| ServerError::Store {
                 at: location.clone(),
@@ -61,17 +60,13 @@ pub async fn open_store(
             let mut opts = PostgresOptions::new(url.clone());
             opts.schema = config.storage_schema.clone();
             opts.pool_size = config.storage_pool_size;
-            opts.store = shared(config);
+            opts.store = shared(config, metrics);
             // What the SQL function publish(…) checks: the HTTP publish's own limits.
             opts.sql_publish = SqlPublishLimits {
                 max_payload_bytes: config.max_payload_bytes as u64,
                 max_header_bytes: config.max_header_bytes as u64,
                 max_schedule_ahead_ms: config.max_schedule_ahead.ms(),
             };
-            let observer_metrics = metrics.clone();
-            opts.commit_observer = Some(Arc::new(move |n, secs| {
-                observer_metrics.observe_commit(n, secs)
-            }));
             let location = format!("{} schema {}", redact(&url), config.storage_schema);
             let store = PostgresStore::open(opts)
                 .await

@@ -39,7 +39,7 @@ pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
     TaskTransition,
 };
-pub use options::{StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
+pub use options::{CommitObserver, StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
 pub use store::{
     Ack, AckEvent, Acked, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
     MetricKind, Nack, Notifier, Published, PurgeOutcome, QueueStats, ReadyNotice, Release,

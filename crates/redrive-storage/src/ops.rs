@@ -160,6 +160,17 @@ pub struct TaskStep {
     pub kill_reason: Option<String>,
 }
 
+impl TaskStep {
+    /// The task's state after this step: done when no batch follows it.
+    pub fn next_state(&self) -> TaskState {
+        if self.next_cursor.is_none() {
+            TaskState::Done
+        } else {
+            TaskState::Running
+        }
+    }
+}
+
 /// A move of a task between states (pause, resume, cancel, stop).
 #[derive(Debug, Clone)]
 pub struct TaskTransition {
@@ -205,6 +216,26 @@ pub struct NewAudit {
     pub count: u64,
     /// Anything else worth keeping (a kill reason, a stop reason).
     pub detail: Option<String>,
+}
+
+impl NewAudit {
+    /// The record of `task` (as its last step left it) running to its end, written with
+    /// that step.
+    pub fn task_done(task: &TaskRecord) -> Self {
+        Self {
+            actor: task.created_by.clone(),
+            action: "task.done".to_owned(),
+            target: Some(task.id.clone()),
+            filter: task.spec.get("filter").cloned(),
+            count: task.done,
+            detail: Some(format!(
+                "{} {} messages, {} refused",
+                task.action.as_str(),
+                task.done,
+                task.failed
+            )),
+        }
+    }
 }
 
 /// An operator action as recorded.

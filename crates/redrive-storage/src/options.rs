@@ -4,8 +4,11 @@
 use redrive_core::QueueCatalog;
 use std::sync::Arc;
 
+/// Called after each commit with (message transitions in it, seconds in COMMIT).
+pub type CommitObserver = Arc<dyn Fn(usize, f64) + Send + Sync>;
+
 /// The options every backend shares.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreOptions {
     /// Per-queue settings the transitions decide with (retry policy, ordering, …).
     pub catalog: Arc<QueueCatalog>,
@@ -14,6 +17,19 @@ pub struct StoreOptions {
     /// Seed of the store's generator (retry jitter, lease nonces); random when `None`.
     /// Lease tokens stay unique across opens whatever the seed.
     pub seed: Option<u64>,
+    /// Told of every commit (the server's commit histograms).
+    pub commit_observer: Option<CommitObserver>,
+}
+
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("catalog", &self.catalog)
+            .field("idempotency_window_ms", &self.idempotency_window_ms)
+            .field("seed", &self.seed)
+            .field("commit_observer", &self.commit_observer.is_some())
+            .finish()
+    }
 }
 
 /// The default idempotency window: 24 h.
@@ -26,6 +42,7 @@ impl Default for StoreOptions {
             catalog: Arc::new(QueueCatalog::default()),
             idempotency_window_ms: DEFAULT_IDEMPOTENCY_WINDOW_MS,
             seed: None,
+            commit_observer: None,
         }
     }
 }

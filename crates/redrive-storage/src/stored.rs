@@ -9,6 +9,66 @@ use redrive_core::{HistoryEntry, LastError, Message, MessageId, NewMessage, Stat
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// A `messages` row but its history, as every backend reads it: the message's identity and
+/// content (JSON text as published), its lease token, and its [`Lifecycle`] (what the
+/// rules of [`crate::rules`] read and change). Each backend reads it from its own row type
+/// (`redrive-store-sqlite`'s and `redrive-store-postgres`'s `row::from_*`).
+#[derive(Debug, Clone)]
+pub struct StoredRow {
+    /// The row's place in publish order.
+    pub seq: i64,
+    /// The message id, as text.
+    pub id: String,
+    /// Its queue.
+    pub queue: String,
+    /// Its priority.
+    pub priority: u8,
+    /// Its ordering key.
+    pub key: Option<String>,
+    /// Its idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The payload's JSON text, as published.
+    pub payload: String,
+    /// The headers' JSON text (`None`: no headers).
+    pub headers: Option<String>,
+    /// The live (or last) lease's token.
+    pub lease_token: Option<String>,
+    /// The last error's JSON text.
+    pub last_error: Option<String>,
+    /// Push delivery: the message's own endpoint URL.
+    pub target_url: Option<String>,
+    /// State, due time, attempt counts, lease times, how the lease ended, …
+    pub life: Lifecycle,
+}
+
+impl StoredRow {
+    /// The row's stored text.
+    pub fn text(&self) -> StoredText<'_> {
+        StoredText {
+            id: &self.id,
+            queue: &self.queue,
+            priority: self.priority,
+            key: self.key.as_deref(),
+            idempotency_key: self.idempotency_key.as_deref(),
+            payload: &self.payload,
+            headers: self.headers.as_deref(),
+            last_error: self.last_error.as_deref(),
+            target_url: self.target_url.as_deref(),
+        }
+    }
+
+    /// The message this row stores; `history` is its JSON array when wanted, `payload` the
+    /// payload already parsed when the caller has it (a publish: parsing the JSON it just
+    /// wrote would be work for nothing).
+    pub fn to_message(
+        &self,
+        history: Option<&str>,
+        payload: Option<serde_json::Value>,
+    ) -> Result<Message, StoreError> {
+        message(self.text(), &self.life, history, payload)
+    }
+}
+
 /// The stored text of one message (borrowed from a backend's row).
 #[derive(Debug, Clone, Copy)]
 pub struct StoredText<'a> {

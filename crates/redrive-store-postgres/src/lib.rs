@@ -147,13 +147,11 @@ pub struct PostgresOptions {
     /// Connections in the pool.
     pub pool_size: usize,
     /// What every backend is opened with: the queue catalog, the idempotency window, the
-    /// generator's seed.
+    /// generator's seed, the commit observer.
     pub store: StoreOptions,
     /// Group commit: concurrent publish, ack and nack calls share one transaction and one
     /// commit (`group_commit.rs`). On by default.
     pub group_commit: bool,
-    /// Called after each commit with (message transitions in it, seconds in COMMIT).
-    pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// What the SQL function `publish(…)` checks (transactional enqueue,
     /// `sql_publish.rs`): the server's limits, recorded in the schema at open.
     pub sql_publish: SqlPublishLimits,
@@ -180,7 +178,6 @@ impl PostgresOptions {
             pool_size: 16,
             store: StoreOptions::default(),
             group_commit: true,
-            commit_observer: None,
             sql_publish: SqlPublishLimits::default(),
         }
     }
@@ -579,7 +576,7 @@ impl PostgresStore {
             ready_tx: tokio::sync::broadcast::Sender::new(1024),
             channel: notify::channel(&opts.schema),
             stats: Mutex::new(CommitStats::default()),
-            observer: opts.commit_observer.clone(),
+            observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
             claims: Mutex::new(std::collections::HashMap::new()),
         });

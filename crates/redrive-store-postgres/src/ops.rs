@@ -238,12 +238,8 @@ pub async fn task_step(
             Err(e) => return Err(e),
         }
     }
-    let finished = step.next_cursor.is_none();
-    let state = if finished {
-        TaskState::Done
-    } else {
-        TaskState::Running
-    };
+    let state = step.next_state();
+    let finished = state == TaskState::Done;
     let cursor = step.next_cursor.as_deref().or(t.cursor.as_deref());
     execute(
         tx,
@@ -262,24 +258,7 @@ pub async fn task_step(
     .await?;
     let task = task_or_404(tx, &t.id).await?;
     if finished {
-        audit_insert(
-            tx,
-            &NewAudit {
-                actor: task.created_by.clone(),
-                action: "task.done".to_owned(),
-                target: Some(task.id.clone()),
-                filter: task.spec.get("filter").cloned(),
-                count: task.done,
-                detail: Some(format!(
-                    "{} {} messages, {} refused",
-                    task.action.as_str(),
-                    task.done,
-                    task.failed
-                )),
-            },
-            now,
-        )
-        .await?;
+        audit_insert(tx, &NewAudit::task_done(&task), now).await?;
     }
     Ok(TaskStepOutcome {
         task,

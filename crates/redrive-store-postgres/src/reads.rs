@@ -31,7 +31,7 @@ pub async fn get<C: GenericClient>(c: &C, id: &MessageId) -> Result<Option<Messa
         " FROM messages WHERE id = $1"
     );
     match query_opt(c, sql, &[&id.to_string()]).await? {
-        Some(r) => Ok(Some(Row::message_from_pg(&r)?)),
+        Some(r) => Ok(Some(crate::row::message_from_pg(&r)?)),
         None => Ok(None),
     }
 }
@@ -230,7 +230,7 @@ pub async fn search<C: GenericClient>(
         let got = query(c, &sql, &params(&args)).await?;
         let n = got.len();
         for r in &got {
-            let row = Row::from_pg(r)?;
+            let row = crate::row::from_pg(r)?;
             before = row.seq;
             let keep = match &filter.fingerprint {
                 None => true,

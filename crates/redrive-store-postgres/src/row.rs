@@ -5,10 +5,10 @@
 use crate::error::E;
 use redrive_core::{DeadReason, Message, MessageId, State, Timestamp};
 use redrive_storage::rules::{LeaseEnd, Lifecycle};
-use redrive_storage::stored::StoredText;
+
 use redrive_storage::StoreError;
 
-/// The column list of every message read, in [`Row::from_pg`] order.
+/// The column list of every message read, in [`from_pg`] order.
 macro_rules! columns {
     () => {
         "seq, id, queue, state, priority, due_at, msg_key, idempotency_key, payload, headers, \
@@ -32,26 +32,8 @@ pub(crate) use history_column;
 /// The index of [`history_column!`] after [`columns!`].
 pub const HISTORY_COLUMN: usize = 26;
 
-/// A message row but its history.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub seq: i64,
-    pub id: String,
-    pub queue: String,
-    pub priority: u8,
-    pub key: Option<String>,
-    pub idempotency_key: Option<String>,
-    /// The payload's JSON text, as published.
-    pub payload: String,
-    /// The headers' JSON text (`None`: no headers).
-    pub headers: Option<String>,
-    pub lease_token: Option<String>,
-    /// The last error's JSON text.
-    pub last_error: Option<String>,
-    pub target_url: Option<String>,
-    /// What the rules read and change.
-    pub life: Lifecycle,
-}
+/// A message row but its history (the row every backend shares).
+pub type Row = redrive_storage::stored::StoredRow;
 
 fn ts(v: Option<i64>) -> Option<Timestamp> {
     v.map(Timestamp::from_millis)
@@ -61,98 +43,66 @@ fn u32_of(v: i32) -> u32 {
     v.max(0) as u32
 }
 
-impl Row {
-    /// Read a row selected with [`columns!`] first.
-    pub fn from_pg(r: &tokio_postgres::Row) -> Result<Self, E> {
-        let code: i16 = r.try_get(3)?;
-        let state = u8::try_from(code)
-            .ok()
-            .and_then(State::from_code)
-            .ok_or_else(|| {
-                E::Db(StoreError::Backend(format!(
-                    "state code {code} in the database is not a known state"
-                )))
-            })?;
-        let lease_end: Option<String> = r.try_get(24)?;
-        let lease_end = match lease_end {
-            None => None,
-            Some(e) => Some(LeaseEnd::parse(&e).ok_or_else(|| {
-                E::Db(StoreError::Backend(format!(
-                    "messages.lease_end {e:?} is not a known lease end"
-                )))
-            })?),
-        };
-        let dead_reason: Option<String> = r.try_get(20)?;
-        let prev_delay_ms: Option<i64> = r.try_get(13)?;
-        let priority: i16 = r.try_get(4)?;
-        Ok(Row {
-            seq: r.try_get(0)?,
-            id: r.try_get(1)?,
-            queue: r.try_get(2)?,
-            priority: priority.clamp(0, 255) as u8,
-            key: r.try_get(6)?,
-            idempotency_key: r.try_get(7)?,
-            payload: r.try_get(8)?,
-            headers: r.try_get(9)?,
-            lease_token: r.try_get(16)?,
-            last_error: r.try_get(21)?,
-            target_url: r.try_get(23)?,
-            life: Lifecycle {
-                state,
-                due_at: ts(r.try_get(5)?),
-                attempts: u32_of(r.try_get(10)?),
-                budget_base: u32_of(r.try_get(11)?),
-                uncounted: u32_of(r.try_get(12)?),
-                released: u32_of(r.try_get(25)?),
-                prev_delay_ms: prev_delay_ms.map(|d| d.max(0) as u64),
-                created_at: Timestamp::from_millis(r.try_get(14)?),
-                updated_at: Timestamp::from_millis(r.try_get(15)?),
-                window_start: ts(r.try_get(22)?),
-                leased_at: ts(r.try_get(17)?),
-                lease_expires_at: ts(r.try_get(18)?),
-                lease_end,
-                finished_at: ts(r.try_get(19)?),
-                dead_reason: dead_reason.as_deref().and_then(DeadReason::parse),
-            },
-        })
-    }
+/// Read a row selected with [`columns!`] first.
+pub fn from_pg(r: &tokio_postgres::Row) -> Result<Row, E> {
+    let code: i16 = r.try_get(3)?;
+    let state = u8::try_from(code)
+        .ok()
+        .and_then(State::from_code)
+        .ok_or_else(|| {
+            E::Db(StoreError::Backend(format!(
+                "state code {code} in the database is not a known state"
+            )))
+        })?;
+    let lease_end: Option<String> = r.try_get(24)?;
+    let lease_end = match lease_end {
+        None => None,
+        Some(e) => Some(LeaseEnd::parse(&e).ok_or_else(|| {
+            E::Db(StoreError::Backend(format!(
+                "messages.lease_end {e:?} is not a known lease end"
+            )))
+        })?),
+    };
+    let dead_reason: Option<String> = r.try_get(20)?;
+    let prev_delay_ms: Option<i64> = r.try_get(13)?;
+    let priority: i16 = r.try_get(4)?;
+    Ok(Row {
+        seq: r.try_get(0)?,
+        id: r.try_get(1)?,
+        queue: r.try_get(2)?,
+        priority: priority.clamp(0, 255) as u8,
+        key: r.try_get(6)?,
+        idempotency_key: r.try_get(7)?,
+        payload: r.try_get(8)?,
+        headers: r.try_get(9)?,
+        lease_token: r.try_get(16)?,
+        last_error: r.try_get(21)?,
+        target_url: r.try_get(23)?,
+        life: Lifecycle {
+            state,
+            due_at: ts(r.try_get(5)?),
+            attempts: u32_of(r.try_get(10)?),
+            budget_base: u32_of(r.try_get(11)?),
+            uncounted: u32_of(r.try_get(12)?),
+            released: u32_of(r.try_get(25)?),
+            prev_delay_ms: prev_delay_ms.map(|d| d.max(0) as u64),
+            created_at: Timestamp::from_millis(r.try_get(14)?),
+            updated_at: Timestamp::from_millis(r.try_get(15)?),
+            window_start: ts(r.try_get(22)?),
+            leased_at: ts(r.try_get(17)?),
+            lease_expires_at: ts(r.try_get(18)?),
+            lease_end,
+            finished_at: ts(r.try_get(19)?),
+            dead_reason: dead_reason.as_deref().and_then(DeadReason::parse),
+        },
+    })
+}
 
-    /// Read a row selected with [`columns!`] and [`history_column!`]: the whole message.
-    pub fn message_from_pg(r: &tokio_postgres::Row) -> Result<Message, E> {
-        let row = Row::from_pg(r)?;
-        let history: String = r.try_get(HISTORY_COLUMN)?;
-        row.to_message(Some(&history), None)
-    }
-
-    /// The message this row stores; `history` is its JSON array when wanted, `payload` the
-    /// payload already parsed when the caller has it (a publish).
-    pub fn to_message(
-        &self,
-        history: Option<&str>,
-        payload: Option<serde_json::Value>,
-    ) -> Result<Message, E> {
-        Ok(redrive_storage::stored::message(
-            self.text(),
-            &self.life,
-            history,
-            payload,
-        )?)
-    }
-
-    /// The row's stored text, for [`redrive_storage::stored::message`].
-    pub fn text(&self) -> StoredText<'_> {
-        StoredText {
-            id: &self.id,
-            queue: &self.queue,
-            priority: self.priority,
-            key: self.key.as_deref(),
-            idempotency_key: self.idempotency_key.as_deref(),
-            payload: &self.payload,
-            headers: self.headers.as_deref(),
-            last_error: self.last_error.as_deref(),
-            target_url: self.target_url.as_deref(),
-        }
-    }
+/// Read a row selected with [`columns!`] and [`history_column!`]: the whole message.
+pub fn message_from_pg(r: &tokio_postgres::Row) -> Result<Message, E> {
+    let row = from_pg(r)?;
+    let history: String = r.try_get(HISTORY_COLUMN)?;
+    Ok(row.to_message(Some(&history), None)?)
 }
 
 /// A stored message id.

@@ -73,7 +73,6 @@ const ROW_FOR_UPDATE: &str = concat!(
     columns!(),
     " FROM messages WHERE id = $1 FOR UPDATE"
 );
-const ROW_BY_ID: &str = concat!("SELECT ", columns!(), " FROM messages WHERE id = $1");
 const FULL_MESSAGE: &str = concat!(
     "SELECT ",
     columns!(),
@@ -91,7 +90,7 @@ const WRITE_LIFE: &str = "UPDATE messages SET state = $2, due_at = $3, attempts 
 /// The message `id`, its row locked for this transaction.
 async fn locked_row(tx: &Transaction<'_>, id: &MessageId) -> Result<Row, E> {
     match query_opt(tx, ROW_FOR_UPDATE, &[&id.to_string()]).await? {
-        Some(r) => Row::from_pg(&r),
+        Some(r) => row::from_pg(&r),
         None => Err(E::Logic(StoreError::NotFound(id.to_string()))),
     }
 }
@@ -99,7 +98,7 @@ async fn locked_row(tx: &Transaction<'_>, id: &MessageId) -> Result<Row, E> {
 /// The message at `seq` with its history.
 pub async fn full_message(tx: &Transaction<'_>, seq: i64) -> Result<Message, E> {
     let r = query_one(tx, FULL_MESSAGE, &[&seq]).await?;
-    Row::message_from_pg(&r)
+    row::message_from_pg(&r)
 }
 
 /// Write `life` (and a new last error, when given) to the row `seq`.
@@ -270,201 +269,7 @@ pub async fn publish(
     now: Option<Timestamp>,
 ) -> Result<Vec<Published>, E> {
     let now = resolve_now(tx, now).await?;
-    if items.len() > 1 {
-        return publish_many(st, tx, cx, items, now).await;
-    }
-    let mut out = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let payload = serde_json::to_string(&item.payload)?;
-        if let Some(ikey) = &item.idempotency_key {
-            if let Some(replay) = replay(st, tx, item, ikey, &payload, index, now).await? {
-                out.push(replay);
-                continue;
-            }
-        }
-        let id = MessageId::new();
-        let mut life = Lifecycle::published(item.deliver_at, now);
-        let mut history = Vec::new();
-        let mut failure = None;
-        let mut last_error = None;
-        if let Some(f) = &item.failed {
-            life.attempts = item.attempts_before.saturating_add(1);
-            let policy = &st.catalog.get(&item.queue).retry;
-            let failed = st
-                .with_rng(|rng| rules::fail(&mut life, policy, f, AttemptEnd::default(), now, rng));
-            last_error = Some(serde_json::to_string(&failed.last_error)?);
-            history.push(failed.entry);
-            failure = Some((failed.class, failed.retry_delay_ms));
-        }
-        let mode = KeyMode::of(st.catalog.get(&item.queue));
-        let key_blocked = key_order::initial(mode, item.key.as_deref(), life.state);
-        let headers = if item.headers.is_empty() {
-            None
-        } else {
-            Some(serde_json::to_string(&item.headers)?)
-        };
-        let state = i16::from(life.state.code());
-        let priority = i16::from(item.priority);
-        let (due, attempts, uncounted) = (ms(life.due_at), int(life.attempts), int(life.uncounted));
-        let prev = delay_ms(life.prev_delay_ms);
-        let created = life.created_at.as_millis();
-        let finished = ms(life.finished_at);
-        let dead = life.dead_reason.map(|r| r.as_str());
-        let class = item.failed.as_ref().map(|f| f.class.as_str());
-        let id_text = id.to_string();
-        let r = query_one(
-            tx,
-            "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
-             payload, headers, attempts, uncounted, prev_delay_ms, created_at, updated_at, \
-             finished_at, dead_reason, error_class, last_error, key_blocked, target_url) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, \
-             $17, $18, $19) RETURNING seq",
-            &[
-                &id_text,
-                &item.queue,
-                &state,
-                &priority,
-                &due,
-                &item.key,
-                &item.idempotency_key,
-                &payload,
-                &headers,
-                &attempts,
-                &uncounted,
-                &prev,
-                &created,
-                &finished,
-                &dead,
-                &class,
-                &last_error,
-                &key_blocked,
-                &item.target_url,
-            ],
-        )
-        .await?;
-        let seq: i64 = r.try_get(0)?;
-        for h in &history {
-            append_history(tx, seq, h).await?;
-        }
-        key_order::settle(st, tx, &item.queue, item.key.as_deref(), seq).await?;
-        if let Some(ikey) = &item.idempotency_key {
-            let expires = now.plus_ms(st.idempotency_window_ms).as_millis();
-            // An expired record of the key is replaced; a live one can only be a concurrent
-            // publish of the same key that committed after this one looked (two nodes): then
-            // nothing is written, and the whole publish runs again and replays it.
-            let n = execute(
-                tx,
-                &format!(
-                    "INSERT INTO idempotency (queue, ikey, message_id, fingerprint, expires_at) \
-                     VALUES ($1, $2, $3, {}, $5) ON CONFLICT (queue, ikey) DO UPDATE SET \
-                     message_id = EXCLUDED.message_id, fingerprint = EXCLUDED.fingerprint, \
-                     expires_at = EXCLUDED.expires_at, tombstone = NULL \
-                     WHERE idempotency.expires_at <= $6",
-                    sql_publish::fingerprint("$4")
-                ),
-                &[
-                    &item.queue,
-                    ikey,
-                    &id_text,
-                    &payload,
-                    &expires,
-                    &now.as_millis(),
-                ],
-            )
-            .await?;
-            if n == 0 {
-                return Err(E::Retry(format!(
-                    "idempotency key {ikey:?} of queue {} was taken by a concurrent publish",
-                    item.queue
-                )));
-            }
-        }
-        cx.changes += 1;
-        cx.moved(&item.queue, &life);
-        let row = Row {
-            seq,
-            id: id_text,
-            queue: item.queue.clone(),
-            priority: item.priority,
-            key: item.key.clone(),
-            idempotency_key: item.idempotency_key.clone(),
-            payload: String::new(),
-            headers,
-            lease_token: None,
-            last_error,
-            target_url: item.target_url.clone(),
-            life,
-        };
-        let mut message = row.to_message(None, Some(item.payload.clone()))?;
-        message.history = history;
-        let failure = failure.map(|(class, delay)| FailureOutcome {
-            message: message.clone(),
-            class,
-            retry_delay_ms: delay,
-            dead_reason: message.dead_reason,
-        });
-        out.push(Published {
-            message,
-            replayed: false,
-            failure,
-        });
-    }
-    Ok(out)
-}
-
-/// What a live idempotency record of `ikey` answers: the original (`replayed`), a conflict
-/// (another payload), or `None` (no live record: publish).
-async fn replay(
-    st: &Inner,
-    tx: &Transaction<'_>,
-    item: &NewMessage,
-    ikey: &str,
-    payload: &str,
-    index: usize,
-    now: Timestamp,
-) -> Result<Option<Published>, E> {
-    let found = query_opt(
-        tx,
-        &format!(
-            "SELECT message_id, fingerprint = {}, tombstone::text, expires_at FROM idempotency \
-             WHERE queue = $1 AND ikey = $2 AND expires_at > $3",
-            sql_publish::fingerprint("$4")
-        ),
-        &[&item.queue, &ikey, &now.as_millis(), &payload],
-    )
-    .await?;
-    let Some(found) = found else {
-        return Ok(None);
-    };
-    let same: bool = found.try_get(1)?;
-    if !same {
-        return Err(E::Logic(StoreError::IdempotencyConflict {
-            index,
-            key: ikey.to_owned(),
-        }));
-    }
-    let mid: String = found.try_get(0)?;
-    let id = row::parse_id(&mid)?;
-    let message = match query_opt(tx, ROW_BY_ID, &[&mid]).await? {
-        Some(r) => Row::from_pg(&r)?.to_message(None, None)?,
-        // Purged: the key outlives its message, so answer what the record remembers.
-        None => {
-            let tombstone: Option<String> = found.try_get(2)?;
-            let expires_at: i64 = found.try_get(3)?;
-            redrive_storage::stored::purged_message(
-                id,
-                item,
-                tombstone.as_deref(),
-                expires_at,
-                st.idempotency_window_ms,
-            )?
-        }
-    };
-    Ok(Some(Published {
-        message,
-        replayed: true,
-        failure: None,
-    }))
+    publish_many(st, tx, cx, items, now).await
 }
 
 // ---- lease ----
@@ -502,7 +307,7 @@ pub async fn lease(
     begin?;
     let rows = rows?;
     commit?;
-    let mut rows: Vec<Row> = rows.iter().map(Row::from_pg).collect::<Result<_, _>>()?;
+    let mut rows: Vec<Row> = rows.iter().map(row::from_pg).collect::<Result<_, _>>()?;
     let Some(first) = rows.first() else {
         return Ok(Vec::new());
     };
@@ -965,7 +770,7 @@ pub async fn tick(
     let mut expired = Vec::with_capacity(rows.len());
     let lease_expired = Failure::lease_expired();
     for r in &rows {
-        let row = Row::from_pg(r)?;
+        let row = row::from_pg(r)?;
         let end = AttemptEnd::lease(LeaseEnd::Expired);
         let outcome = fail_attempt(st, tx, cx, row, &lease_expired, None, end, now).await?;
         if outcome.message.state == State::Ready && !ready_queues.contains(&outcome.message.queue) {
@@ -1193,7 +998,7 @@ async fn locked_rows(
     let rows = query(tx, sql, &[&ids]).await?;
     let mut out = std::collections::HashMap::with_capacity(rows.len());
     for r in &rows {
-        let row = Row::from_pg(r)?;
+        let row = row::from_pg(r)?;
         out.insert(row.id.clone(), row);
     }
     Ok(out)
@@ -1224,14 +1029,10 @@ pub async fn ack_many(
         };
         let token = a.lease.token.as_str();
         if row.life.state == State::Done && row.lease_token.as_deref() == Some(token) {
-            out.push(
-                row.to_message(None, None)
-                    .map_err(E::into_store)
-                    .map(|message| Acked {
-                        message,
-                        repeated: true,
-                    }),
-            );
+            out.push(row.to_message(None, None).map(|message| Acked {
+                message,
+                repeated: true,
+            }));
             continue;
         }
         if let Err(e) = check_lease(row, token, now) {
@@ -1257,14 +1058,10 @@ pub async fn ack_many(
             },
         ));
         written.push(id.clone());
-        out.push(
-            row.to_message(None, None)
-                .map_err(E::into_store)
-                .map(|message| Acked {
-                    message,
-                    repeated: false,
-                }),
-        );
+        out.push(row.to_message(None, None).map(|message| Acked {
+            message,
+            repeated: false,
+        }));
     }
     write_settled(st, tx, cx, &rows, &written, &[], &entries).await?;
     Ok(out)
@@ -1313,16 +1110,12 @@ pub async fn nack_many(
         entries.push((row.seq, entry));
         errors.push((class.as_str().to_owned(), last_error));
         written.push(id.clone());
-        out.push(
-            row.to_message(None, None)
-                .map_err(E::into_store)
-                .map(|message| FailureOutcome {
-                    dead_reason: message.dead_reason,
-                    message,
-                    class,
-                    retry_delay_ms,
-                }),
-        );
+        out.push(row.to_message(None, None).map(|message| FailureOutcome {
+            dead_reason: message.dead_reason,
+            message,
+            class,
+            retry_delay_ms,
+        }));
     }
     write_settled(st, tx, cx, &rows, &written, &errors, &entries).await?;
     Ok(out)
@@ -1571,7 +1364,7 @@ async fn publish_many(
     if !replayed.is_empty() {
         let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ANY($1)");
         for r in &query(tx, sql, &[&replayed]).await? {
-            let row = Row::from_pg(r)?;
+            let row = row::from_pg(r)?;
             existing.insert(row.id.clone(), row.to_message(None, None)?);
         }
     }

@@ -67,33 +67,21 @@ pub enum Durability {
 }
 
 /// How to open a [`SqliteStore`].
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct SqliteOptions {
     /// Directory of the database (created if missing).
     pub data_dir: PathBuf,
     /// Commit durability.
     pub durability: Durability,
     /// What every backend is opened with: the queue catalog, the idempotency window, the
-    /// generator's seed.
+    /// generator's seed, the commit observer.
     pub store: StoreOptions,
     /// SQLite page cache per connection, MiB.
     pub cache_mib: u32,
-    /// Called after each commit with (message transitions in it, seconds in COMMIT).
-    pub commit_observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Bound on the write-ahead log file, bytes (see `group_commit::bound_log`): when the
     /// log passes half of it, the writer rewinds it after its next commit. The file can
     /// exceed the bound only by what one commit writes.
     pub max_wal_bytes: u64,
-}
-
-impl std::fmt::Debug for SqliteOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteOptions")
-            .field("data_dir", &self.data_dir)
-            .field("durability", &self.durability)
-            .field("store", &self.store)
-            .finish_non_exhaustive()
-    }
 }
 
 impl SqliteOptions {
@@ -104,7 +92,6 @@ impl SqliteOptions {
             durability: Durability::Fsync,
             store: StoreOptions::default(),
             cache_mib: 32,
-            commit_observer: None,
             max_wal_bytes: DEFAULT_MAX_WAL_BYTES,
         }
     }
@@ -217,7 +204,7 @@ impl SqliteStore {
             poisoned: Mutex::new(None),
             stats: Mutex::new(CommitStats::default()),
             wal: Mutex::new(WalStats::default()),
-            observer: opts.commit_observer.clone(),
+            observer: opts.store.commit_observer.clone(),
             wal_path: wal_path(&path),
             wal_restart_bytes: wal_restart_bytes(&opts),
             checkpoint_lock: Mutex::new(()),

@@ -262,12 +262,8 @@ impl WriterState {
                 Err(e) => return Err(e),
             }
         }
-        let finished = step.next_cursor.is_none();
-        let state = if finished {
-            TaskState::Done
-        } else {
-            TaskState::Running
-        };
+        let state = step.next_state();
+        let finished = state == TaskState::Done;
         self.conn
             .prepare_cached(
                 "UPDATE tasks SET done = done + ?2, failed = failed + ?3, cursor = ?4, \
@@ -287,22 +283,7 @@ impl WriterState {
             .db()?;
         let task = self.task_or_404(&t.id)?;
         if finished {
-            self.audit_insert(
-                &NewAudit {
-                    actor: task.created_by.clone(),
-                    action: "task.done".to_owned(),
-                    target: Some(task.id.clone()),
-                    filter: task.spec.get("filter").cloned(),
-                    count: task.done,
-                    detail: Some(format!(
-                        "{} {} messages, {} refused",
-                        task.action.as_str(),
-                        task.done,
-                        task.failed
-                    )),
-                },
-                now,
-            )?;
+            self.audit_insert(&NewAudit::task_done(&task), now)?;
         }
         Ok(TaskStepOutcome {
             task,

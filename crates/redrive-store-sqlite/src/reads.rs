@@ -135,12 +135,15 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
         .prepare_cached(sql)
         .db()?
         .query_row([id.to_string()], |r| {
-            Ok((Row::from_sql(r)?, r.get(crate::schema::HISTORY_COLUMN)?))
+            Ok((
+                crate::row::from_sql(r)?,
+                r.get(crate::schema::HISTORY_COLUMN)?,
+            ))
         })
         .optional()
         .db()?;
     match found {
-        Some((row, history)) => Ok(Some(row.to_message(Some(&history))?)),
+        Some((row, history)) => Ok(Some(row.to_message(Some(&history), None)?)),
         None => Ok(None),
     }
 }
@@ -290,7 +293,7 @@ pub fn search(
     let mut rows: Vec<Row> = conn
         .prepare_cached(&sql)
         .db()?
-        .query_map(params_from_iter(args), Row::from_sql)
+        .query_map(params_from_iter(args), crate::row::from_sql)
         .db()?
         .collect::<Result<_, _>>()
         .db()?;
@@ -302,7 +305,7 @@ pub fn search(
     };
     let messages = rows
         .iter()
-        .map(|r| r.to_message(None))
+        .map(|r| r.to_message(None, None))
         .collect::<Result<_, _>>()?;
     Ok(Page {
         messages,

@@ -1,31 +1,12 @@
 //! A `messages` row and its conversion to a [`Message`].
 
-use redrive_core::{DeadReason, Message, State, Timestamp};
+use redrive_core::{DeadReason, State, Timestamp};
 use redrive_storage::rules::{LeaseEnd, Lifecycle};
-use redrive_storage::stored::StoredText;
 use redrive_storage::StoreError;
 
-/// Every column but `history`, in [`crate::schema::COLUMNS`] order: the message's
-/// identity and content, and its [`Lifecycle`] (what the rules of `redrive_storage::rules` read and
-/// change).
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub seq: i64,
-    pub id: String,
-    pub queue: String,
-    pub priority: u8,
-    pub key: Option<String>,
-    pub idempotency_key: Option<String>,
-    pub payload: String,
-    pub headers: Option<String>,
-    pub lease_token: Option<String>,
-    pub last_error: Option<String>,
-    /// Push delivery: the message's own endpoint URL.
-    pub target_url: Option<String>,
-    /// State, due time, attempt counts, lease times, how the lease ended (schema v7
-    /// `lease_end`; `None` on rows whose lease ended before the upgrade to v7), …
-    pub life: Lifecycle,
-}
+/// Every column but `history`, in [`crate::schema::COLUMNS`] order (the row every backend
+/// shares; `lease_end` is `None` on rows whose lease ended before the upgrade to v7).
+pub type Row = redrive_storage::stored::StoredRow;
 
 /// A `lease_end` column holding a name no [`LeaseEnd`] has.
 #[derive(Debug, thiserror::Error)]
@@ -43,86 +24,58 @@ pub fn unknown_state(code: u8) -> StoreError {
     StoreError::Backend(UnknownState(code).to_string())
 }
 
-impl Row {
-    /// Read a row selected with [`crate::schema::COLUMNS`] (starting at column `0`).
-    pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        let code: u8 = r.get(3)?;
-        let state = State::from_code(code).ok_or_else(|| {
+/// Read a row selected with [`crate::schema::COLUMNS`] (starting at column `0`).
+pub fn from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    let code: u8 = r.get(3)?;
+    let state = State::from_code(code).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            3,
+            rusqlite::types::Type::Integer,
+            Box::new(UnknownState(code)),
+        )
+    })?;
+    let ts = |v: Option<i64>| v.map(Timestamp::from_millis);
+    let lease_end: Option<String> = r.get(24)?;
+    let lease_end = match lease_end {
+        None => None,
+        Some(e) => Some(LeaseEnd::parse(&e).ok_or_else(|| {
             rusqlite::Error::FromSqlConversionFailure(
-                3,
-                rusqlite::types::Type::Integer,
-                Box::new(UnknownState(code)),
+                24,
+                rusqlite::types::Type::Text,
+                Box::new(UnknownLeaseEnd(e)),
             )
-        })?;
-        let ts = |v: Option<i64>| v.map(Timestamp::from_millis);
-        let lease_end: Option<String> = r.get(24)?;
-        let lease_end = match lease_end {
-            None => None,
-            Some(e) => Some(LeaseEnd::parse(&e).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    24,
-                    rusqlite::types::Type::Text,
-                    Box::new(UnknownLeaseEnd(e)),
-                )
-            })?),
-        };
-        let dead_reason: Option<String> = r.get(20)?;
-        let prev_delay_ms: Option<i64> = r.get(13)?;
-        Ok(Row {
-            seq: r.get(0)?,
-            id: r.get(1)?,
-            queue: r.get(2)?,
-            priority: r.get(4)?,
-            key: r.get(6)?,
-            idempotency_key: r.get(7)?,
-            payload: r.get(8)?,
-            headers: r.get(9)?,
-            lease_token: r.get(16)?,
-            last_error: r.get(21)?,
-            target_url: r.get(23)?,
-            life: Lifecycle {
-                state,
-                due_at: ts(r.get(5)?),
-                attempts: r.get(10)?,
-                budget_base: r.get(11)?,
-                uncounted: r.get(12)?,
-                released: r.get(25)?,
-                prev_delay_ms: prev_delay_ms.map(|d| d.max(0) as u64),
-                created_at: Timestamp::from_millis(r.get(14)?),
-                updated_at: Timestamp::from_millis(r.get(15)?),
-                window_start: ts(r.get(22)?),
-                leased_at: ts(r.get(17)?),
-                lease_expires_at: ts(r.get(18)?),
-                lease_end,
-                finished_at: ts(r.get(19)?),
-                dead_reason: dead_reason.as_deref().and_then(DeadReason::parse),
-            },
-        })
-    }
-
-    /// The message this row stores; `history` is the raw JSON array, if wanted.
-    pub fn to_message(&self, history: Option<&str>) -> Result<Message, StoreError> {
-        self.to_message_with(history, None)
-    }
-
-    /// [`Self::to_message`] with the payload already parsed (a publish has it: parsing the
-    /// JSON it just wrote would be work for nothing on the writer thread).
-    pub fn to_message_with(
-        &self,
-        history: Option<&str>,
-        payload: Option<serde_json::Value>,
-    ) -> Result<Message, StoreError> {
-        let text = StoredText {
-            id: &self.id,
-            queue: &self.queue,
-            priority: self.priority,
-            key: self.key.as_deref(),
-            idempotency_key: self.idempotency_key.as_deref(),
-            payload: &self.payload,
-            headers: self.headers.as_deref(),
-            last_error: self.last_error.as_deref(),
-            target_url: self.target_url.as_deref(),
-        };
-        redrive_storage::stored::message(text, &self.life, history, payload)
-    }
+        })?),
+    };
+    let dead_reason: Option<String> = r.get(20)?;
+    let prev_delay_ms: Option<i64> = r.get(13)?;
+    Ok(Row {
+        seq: r.get(0)?,
+        id: r.get(1)?,
+        queue: r.get(2)?,
+        priority: r.get(4)?,
+        key: r.get(6)?,
+        idempotency_key: r.get(7)?,
+        payload: r.get(8)?,
+        headers: r.get(9)?,
+        lease_token: r.get(16)?,
+        last_error: r.get(21)?,
+        target_url: r.get(23)?,
+        life: Lifecycle {
+            state,
+            due_at: ts(r.get(5)?),
+            attempts: r.get(10)?,
+            budget_base: r.get(11)?,
+            uncounted: r.get(12)?,
+            released: r.get(25)?,
+            prev_delay_ms: prev_delay_ms.map(|d| d.max(0) as u64),
+            created_at: Timestamp::from_millis(r.get(14)?),
+            updated_at: Timestamp::from_millis(r.get(15)?),
+            window_start: ts(r.get(22)?),
+            leased_at: ts(r.get(17)?),
+            lease_expires_at: ts(r.get(18)?),
+            lease_end,
+            finished_at: ts(r.get(19)?),
+            dead_reason: dead_reason.as_deref().and_then(DeadReason::parse),
+        },
+    })
 }

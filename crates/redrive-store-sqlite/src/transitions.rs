@@ -40,7 +40,7 @@ impl LeasedRow {
     /// The lease as the store's answer.
     pub fn into_leased(self) -> Result<Leased, StoreError> {
         Ok(Leased {
-            message: self.row.to_message(None)?,
+            message: self.row.to_message(None, None)?,
             attempt: self.row.life.attempts,
             max_attempts: self.max_attempts,
             token: self.row.lease_token.unwrap_or_default(),
@@ -61,7 +61,7 @@ impl AckedRow {
     /// The ack as the store's answer.
     pub fn into_acked(self) -> Result<Acked, StoreError> {
         Ok(Acked {
-            message: self.row.to_message(None)?,
+            message: self.row.to_message(None, None)?,
             repeated: self.repeated,
         })
     }
@@ -88,7 +88,7 @@ impl ReleasedRow {
     /// The release as the store's answer.
     pub fn into_released(self) -> Result<Released, StoreError> {
         Ok(match self {
-            ReleasedRow::Uncharged(row) => Released::Uncharged(row.to_message(None)?),
+            ReleasedRow::Uncharged(row) => Released::Uncharged(row.to_message(None, None)?),
             ReleasedRow::Charged(f) => Released::Charged(f.into_outcome()?),
         })
     }
@@ -97,7 +97,7 @@ impl ReleasedRow {
 impl FailedRow {
     /// The outcome as the store's answer.
     pub fn into_outcome(self) -> Result<FailureOutcome, StoreError> {
-        let message = self.row.to_message(None)?;
+        let message = self.row.to_message(None, None)?;
         Ok(FailureOutcome {
             dead_reason: message.dead_reason,
             message,
@@ -284,7 +284,7 @@ impl WriterState {
         self.conn
             .prepare_cached(sql)
             .db()?
-            .query_row([id.to_string()], Row::from_sql)
+            .query_row([id.to_string()], crate::row::from_sql)
             .optional()
             .db()?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
@@ -370,7 +370,7 @@ impl WriterState {
                     match self.row_by_id(&id) {
                         Ok(row) => {
                             out.push(Published {
-                                message: row.to_message(None)?,
+                                message: row.to_message(None, None)?,
                                 replayed: true,
                                 failure: None,
                             });
@@ -455,7 +455,7 @@ impl WriterState {
             self.moved(&row.queue, None, Some(row.life.state));
             self.wake_if_scheduled(&row.life);
             let message =
-                row.to_message_with(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
+                row.to_message(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
             let failure = match failure_outcome {
                 Some((class, delay)) => Some(FailureOutcome {
                     message: message.clone(),
@@ -597,7 +597,7 @@ impl WriterState {
             .db()?
             .query_map(
                 params![req.queue, max, nonce, now.as_millis(), expires.as_millis()],
-                Row::from_sql,
+                crate::row::from_sql,
             )
             .db()?
             .collect::<Result<_, _>>()
@@ -714,7 +714,7 @@ impl WriterState {
             )).db()?
             .query_row(
                 params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339(), response, ack.event.as_str()],
-                Row::from_sql,
+                crate::row::from_sql,
             )
             .optional().db()?;
         if let Some(row) = fast {
@@ -974,10 +974,13 @@ impl WriterState {
             .prepare_cached(sql)
             .db()?
             .query_row([seq], |r| {
-                Ok((Row::from_sql(r)?, r.get(crate::schema::HISTORY_COLUMN)?))
+                Ok((
+                    crate::row::from_sql(r)?,
+                    r.get(crate::schema::HISTORY_COLUMN)?,
+                ))
             })
             .db()?;
-        row.to_message(Some(&history))
+        row.to_message(Some(&history), None)
     }
 
     pub fn tick(&mut self, now: Timestamp) -> Result<TickOutcome, StoreError> {
@@ -1001,7 +1004,7 @@ impl WriterState {
             .conn
             .prepare_cached(sql)
             .db()?
-            .query_map(params![t, TICK_EXPIRE_LIMIT], Row::from_sql)
+            .query_map(params![t, TICK_EXPIRE_LIMIT], crate::row::from_sql)
             .db()?
             .collect::<Result<_, _>>()
             .db()?;
