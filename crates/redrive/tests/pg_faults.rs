@@ -28,7 +28,7 @@
 
 mod common;
 
-use common::load::{check, Ledger, Load};
+use common::load::{check, kill_9_cycles, Ledger, Load, Survivor};
 use common::{free_port, start_with, wait_ready, Node};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
@@ -333,55 +333,15 @@ async fn kill_9_on_postgres_loses_nothing() {
     let port = free_port();
     let client = http_client();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let next = Arc::new(Mutex::new(0u64));
-    let mut rng = SplitMix64::new(0x5eed);
-    let mut opened = 0;
-    for cycle in 0..cycles {
-        let mut node = start_pg(dir.path(), port, &schema.0);
-        assert!(
-            wait_ready(&client, &mut node).await,
-            "cycle {cycle}: store did not open"
-        );
-        opened += 1;
-        let load = Load {
-            next: next.clone(),
-            ..new_load(&client, &node, &ledger)
-        };
-        // Everything acknowledged before this crash must be here, acked ones done.
-        let snap = load.snapshot().await;
-        let (lost, acked_not_done) = check(&ledger.lock().unwrap(), &snap);
-        assert_eq!(lost, 0, "cycle {cycle}: acknowledged publishes lost");
-        assert_eq!(acked_not_done, 0, "cycle {cycle}: acked messages not done");
-        // Load, then kill -9 at a random moment.
-        let run_ms = rng.between(150, 1200);
-        let stop = Instant::now() + Duration::from_millis(run_ms + 5_000);
-        let mut tasks = Vec::new();
-        for i in 0..4 {
-            tasks.push(tokio::spawn(load.clone().producer(stop)));
-            tasks.push(tokio::spawn(
-                load.clone().consumer(rng.next_u64() ^ i, stop),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(run_ms)).await;
-        node.child.kill().unwrap(); // SIGKILL
-        node.child.wait().unwrap();
-        for t in tasks {
-            let _ = t.await;
-        }
-    }
-    // Final restart: count once more.
-    let mut node = start_pg(dir.path(), port, &schema.0);
-    assert!(
-        wait_ready(&client, &mut node).await,
-        "final: store did not open"
-    );
-    opened += 1;
-    let snap = Load {
-        next,
-        ..new_load(&client, &node, &ledger)
-    }
-    .snapshot()
+    let Survivor {
+        mut node,
+        load,
+        opened,
+    } = kill_9_cycles(cycles, &client, QUEUE, &ledger, || {
+        start_pg(dir.path(), port, &schema.0)
+    })
     .await;
+    let snap = load.snapshot().await;
     node.child.kill().unwrap();
     node.child.wait().unwrap();
     let l = ledger.lock().unwrap();

@@ -390,15 +390,10 @@ async fn a_rejecting_consumer_gets_its_messages_back_until_it_acks_and_the_exhau
 /// The same with the seeds' own tool: an unchanged php-amqplib consumer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unchanged_php_consumer_gets_retries_and_dead_letters() {
-    let php = std::process::Command::new("php")
-        .args(["-r", "require_once 'PhpAmqpLib/autoload.php'; echo 'ok';"])
-        .output();
-    if !php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
-        assert!(
-            std::env::var("CI").is_err(),
-            "php with php-amqplib is needed under CI: {php:?}"
-        );
-        eprintln!("skipped: php-cli and php-amqplib are not installed");
+    if !crate::harness::php_has(
+        "require_once 'PhpAmqpLib/autoload.php'; echo 'ok';",
+        "php-cli with php-amqplib (Debian: php-cli php-amqplib)",
+    ) {
         return;
     }
     let Some(conn) = rabbit().await else { return };
@@ -505,21 +500,6 @@ async fn create_group(r: &mut redis::aio::MultiplexedConnection, stream: &str) {
         .unwrap();
 }
 
-fn php_has(check: &str) -> bool {
-    let php = std::process::Command::new("php")
-        .args(["-r", check])
-        .output();
-    if php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "php is needed under CI: {php:?}"
-    );
-    eprintln!("skipped: php ({check}) is not available");
-    false
-}
-
 async fn redis_server(stream: &str, queue: &str) -> TestServer {
     TestServer::start(&format!(
         r#"
@@ -543,7 +523,10 @@ jitter = "none"
 /// leaves the first 2 reads of each order unacked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unchanged_php_redis_consumer_gets_retries_and_dead_letters() {
-    if !php_has("echo class_exists('Redis') ? 'ok' : 'no';") {
+    if !crate::harness::php_has(
+        "echo class_exists('Redis') ? 'ok' : 'no';",
+        "php-cli with php-redis (Debian: php-cli php-redis)",
+    ) {
         return;
     }
     let Some(mut r) = redis_conn().await else {

@@ -25,21 +25,10 @@ jitter = "none"
 
 /// Whether php-cli with curl and pcntl is here; under CI it must be.
 fn php_ready() -> bool {
-    let php = std::process::Command::new("php")
-        .args([
-            "-r",
-            "echo (extension_loaded('curl') && function_exists('pcntl_async_signals')) ? 'ok' : 'missing';",
-        ])
-        .output();
-    if php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "php-cli with the curl extension and pcntl is needed under CI (Debian: php-cli php-curl): {php:?}"
-    );
-    eprintln!("skipped: php-cli with curl and pcntl is not installed (Debian: php-cli php-curl)");
-    false
+    crate::harness::php_has(
+        "echo (extension_loaded('curl') && function_exists('pcntl_async_signals')) ? 'ok' : 'missing';",
+        "php-cli with the curl extension and pcntl (Debian: php-cli php-curl)",
+    )
 }
 
 /// The worker, its stdout lines arriving on the channel.

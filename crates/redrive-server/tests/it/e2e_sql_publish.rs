@@ -13,21 +13,10 @@ use std::time::{Duration, Instant};
 
 /// Whether php-cli with pdo_pgsql is here; under CI it must be.
 fn php_pgsql_ready() -> bool {
-    let php = std::process::Command::new("php")
-        .args([
-            "-r",
-            "echo extension_loaded('pdo_pgsql') ? 'ok' : 'missing';",
-        ])
-        .output();
-    if php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "php-cli with pdo_pgsql is needed under CI (Debian: php-cli php-pgsql): {php:?}"
-    );
-    eprintln!("skipped: php-cli with pdo_pgsql is not installed (Debian: php-cli php-pgsql)");
-    false
+    crate::harness::php_has(
+        "echo extension_loaded('pdo_pgsql') ? 'ok' : 'missing';",
+        "php-cli with pdo_pgsql (Debian: php-cli php-pgsql)",
+    )
 }
 
 /// `psql -Atc sql` on the server's database.

@@ -439,3 +439,20 @@ pub fn assert_error_names(got: &Answer, status: u16, code: &str, needle: &str) {
         got.1
     );
 }
+
+/// Whether php-cli answers `ok` to the PHP code `check`; under CI it must (the test fails
+/// saying `needs`), elsewhere a test without it is skipped, saying what to install.
+pub fn php_has(check: &str, needs: &str) -> bool {
+    let php = std::process::Command::new("php")
+        .args(["-r", check])
+        .output();
+    if php.as_ref().is_ok_and(|o| o.stdout == b"ok") {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "{needs} is needed under CI: {php:?}"
+    );
+    eprintln!("skipped: {needs} is not installed");
+    false
+}

@@ -193,3 +193,73 @@ pub fn check(ledger: &Ledger, snap: &HashMap<String, String>) -> (usize, usize) 
         .count();
     (lost, acked_not_done)
 }
+
+/// What [`kill_9_cycles`] leaves: the node started after the last kill (ready), the load
+/// aimed at it, and how many times the store opened.
+pub struct Survivor {
+    pub node: super::Node,
+    pub load: Load,
+    pub opened: u32,
+}
+
+/// The crash tests' loop, `cycles` times: start a node (`start`), check that every publish
+/// acknowledged so far is there and every acked message done, then run 4 producers and 4
+/// consumers of `queue` for a random 150–1,200 ms and kill -9 the node. Then start it once
+/// more, for the caller's final count.
+pub async fn kill_9_cycles(
+    cycles: u32,
+    client: &reqwest::Client,
+    queue: &str,
+    ledger: &Arc<Mutex<Ledger>>,
+    mut start: impl FnMut() -> super::Node,
+) -> Survivor {
+    let next = Arc::new(Mutex::new(0u64));
+    let load_for = |node: &super::Node| Load {
+        client: client.clone(),
+        base: node.base.clone(),
+        queue: queue.into(),
+        ledger: ledger.clone(),
+        next: next.clone(),
+    };
+    let mut rng = SplitMix64::new(0x5eed);
+    let mut opened = 0;
+    for cycle in 0..cycles {
+        let mut node = start();
+        assert!(
+            super::wait_ready(client, &mut node).await,
+            "cycle {cycle}: store did not open"
+        );
+        opened += 1;
+        let load = load_for(&node);
+        // Everything acknowledged before this crash must be here, acked ones done.
+        let snap = load.snapshot().await;
+        let (lost, acked_not_done) = check(&ledger.lock().unwrap(), &snap);
+        assert_eq!(lost, 0, "cycle {cycle}: acknowledged publishes lost");
+        assert_eq!(acked_not_done, 0, "cycle {cycle}: acked messages not done");
+        // Load, then kill -9 at a random moment.
+        let run_ms = rng.between(150, 1200);
+        let stop = Instant::now() + std::time::Duration::from_millis(run_ms + 5_000);
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            tasks.push(tokio::spawn(load.clone().producer(stop)));
+            tasks.push(tokio::spawn(
+                load.clone().consumer(rng.next_u64() ^ i, stop),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(run_ms)).await;
+        node.child.kill().unwrap(); // SIGKILL
+        node.child.wait().unwrap();
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+    // Final restart: the caller counts once more.
+    let mut node = start();
+    assert!(
+        super::wait_ready(client, &mut node).await,
+        "final: store did not open"
+    );
+    opened += 1;
+    let load = load_for(&node);
+    Survivor { node, load, opened }
+}
