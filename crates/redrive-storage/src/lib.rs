@@ -22,6 +22,7 @@
 //! to call [`Store::tick`]; the store only says when it should next be called).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod cluster;
 mod error;
 mod filter;
 mod ops;
@@ -33,6 +34,7 @@ pub mod stored;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use cluster::{Beat, ClusterView, Heartbeat, Leadership, NodeRecord};
 pub use error::StoreError;
 pub use filter::{filter_text, MessageFilter, Page};
 pub use ops::{

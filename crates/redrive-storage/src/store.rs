@@ -1,8 +1,8 @@
 //! The storage contract.
 
 use crate::{
-    AuditRecord, MessageFilter, NewAudit, Page, StoreError, TaskRecord, TaskState, TaskStep,
-    TaskStepOutcome, TaskTransition,
+    AuditRecord, Beat, ClusterView, Heartbeat, MessageFilter, NewAudit, Page, StoreError,
+    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
@@ -538,6 +538,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// Counts per state of every queue that has messages.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;
+
+    /// Record a node's heartbeat at the store's clock, and take or renew leadership for it
+    /// when it stands ([`crate::cluster::next_leader`]); answers the leader after the beat.
+    /// Nodes not seen for [`crate::cluster::FORGET_NODE_MS`] are forgotten. Durable on
+    /// success (a leadership answered is held).
+    async fn heartbeat(&self, beat: Heartbeat, now: Option<Timestamp>) -> Result<Beat, StoreError>;
+
+    /// A node stops: forget it, and end its leadership now if it holds it (another node
+    /// takes it at its next beat). Unknown incarnations are no error.
+    async fn leave(&self, incarnation: String, now: Option<Timestamp>) -> Result<(), StoreError>;
+
+    /// The nodes and the leader, at the store's clock.
+    async fn cluster(&self, now: Option<Timestamp>) -> Result<ClusterView, StoreError>;
 
     /// What to wake for: when [`Store::tick`] should next run, and messages made ready by
     /// another process sharing the store ([`Notifier`]).

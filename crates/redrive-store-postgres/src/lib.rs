@@ -107,6 +107,7 @@ macro_rules! per_item {
     }};
 }
 
+mod cluster;
 mod error;
 mod key_order;
 mod notify;
@@ -124,10 +125,10 @@ pub use sql_publish::SqlPublishLimits;
 use error::E;
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp};
 use redrive_storage::{
-    Ack, Acked, AuditRecord, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
-    MessageFilter, Nack, NewAudit, Notifier, Page, Published, PurgeOutcome, QueueStats,
-    ReadyNotice, Release, Released, Returned, Store, StoreError, StoreOptions, TaskRecord,
-    TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    Ack, Acked, AuditRecord, Beat, ClusterView, CommitStats, FailureOutcome, Health, Heartbeat,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, NewAudit, Notifier, Page, Published,
+    PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned, Store, StoreError,
+    StoreOptions, TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1044,6 +1045,18 @@ impl Store for PostgresStore {
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         read!(self, |c| reads::queue_stats(&c).await)
+    }
+
+    async fn heartbeat(&self, beat: Heartbeat, now: Option<Timestamp>) -> Result<Beat, StoreError> {
+        write_tx!(self, |tx, _cx| cluster::heartbeat(&tx, &beat, now).await)
+    }
+
+    async fn leave(&self, incarnation: String, now: Option<Timestamp>) -> Result<(), StoreError> {
+        write_tx!(self, |tx, _cx| cluster::leave(&tx, &incarnation, now).await)
+    }
+
+    async fn cluster(&self, now: Option<Timestamp>) -> Result<ClusterView, StoreError> {
+        read!(self, |c| cluster::view(&c, now).await)
     }
 
     fn notifier(&self) -> Notifier {

@@ -94,10 +94,17 @@ use redrive_storage::StoreError;
 ///   key-share lock of the message row for every history row appended) was a quarter of a
 ///   retry cycle's database time; the purge and `delete` remove a message's history in the
 ///   same statement or transaction instead.
-pub const SCHEMA_VERSION: i32 = 4;
+/// - 5: `nodes` and `leader`, the cluster's membership and leadership (`cluster.rs`).
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, crate::sql_publish::V3), (4, V4)];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, V1),
+    (2, V2),
+    (3, crate::sql_publish::V3),
+    (4, V4),
+    (5, crate::cluster::V5),
+];
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";
 

@@ -33,11 +33,13 @@ mod transitions;
 
 use group_commit::{Command, Job, Shared};
 use redrive_core::{Message, MessageId, NewMessage, Timestamp};
+use redrive_storage::cluster::LocalCluster;
 use redrive_storage::{
-    Ack, Acked, AuditRecord, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
-    MessageFilter, MetricKind, Nack, NewAudit, Notifier, Page, Published, PurgeOutcome, QueueStats,
-    ReadyNotice, Release, Released, Returned, Store, StoreError, StoreMetric, StoreOptions,
-    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    Ack, Acked, AuditRecord, Beat, ClusterView, CommitStats, FailureOutcome, Health, Heartbeat,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, MetricKind, Nack, NewAudit, Notifier, Page,
+    Published, PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned, Store,
+    StoreError, StoreMetric, StoreOptions, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
+    TaskTransition, TickOutcome,
 };
 use rusqlite::{Connection, OpenFlags};
 use sql_error::SqlResultExt;
@@ -127,6 +129,8 @@ pub struct SqliteStore {
     /// The data directory's lock: taken first thing in [`SqliteStore::open`], released by
     /// [`Store::close`] once the writer has finished (or when the store is dropped).
     dir_lock: Mutex<Option<dir_lock::DirLock>>,
+    /// Membership and leadership: in memory, the one process of a data directory leads.
+    cluster: LocalCluster,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -230,6 +234,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some(checkpointer)),
             dir_lock: Mutex::new(Some(dir_lock)),
+            cluster: LocalCluster::default(),
         })
     }
 
@@ -583,6 +588,22 @@ impl Store for SqliteStore {
             .map(|c| c.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default();
         self.read(move |c| reads::queue_stats(c, counts)).await
+    }
+
+    async fn heartbeat(&self, beat: Heartbeat, now: Option<Timestamp>) -> Result<Beat, StoreError> {
+        Ok(self
+            .cluster
+            .heartbeat(&beat, now.unwrap_or_else(Timestamp::now)))
+    }
+
+    async fn leave(&self, incarnation: String, now: Option<Timestamp>) -> Result<(), StoreError> {
+        self.cluster
+            .leave(&incarnation, now.unwrap_or_else(Timestamp::now));
+        Ok(())
+    }
+
+    async fn cluster(&self, now: Option<Timestamp>) -> Result<ClusterView, StoreError> {
+        Ok(self.cluster.view(now.unwrap_or_else(Timestamp::now)))
     }
 
     fn notifier(&self) -> Notifier {

@@ -10,7 +10,8 @@
 //! Each case gets its own store and runtime, and the store is closed after it.
 //!
 //! The cases live in one file per area: [`publish`], [`idempotency`], [`lease`],
-//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`]; and
+//! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`],
+//! [`cluster`]; and
 //! [`shared`], the shared-handles area (two stores on one database), for the backends
 //! several processes share, with its own macro
 //! [`conformance_shared_tests!`](crate::conformance_shared_tests).
@@ -44,6 +45,7 @@
 //! before the tick that promotes it (the cases always tick first).
 
 pub mod ack_nack;
+pub mod cluster;
 mod helpers;
 pub mod idempotency;
 pub mod lease;
@@ -294,6 +296,11 @@ macro_rules! conformance_tests {
                 key_ordering_on_dead_skip_releases_key,
                 key_ordering_on_dead_block_holds_key,
                 key_ordering_one_lease_per_key_after_redrive,
+            ],
+            cluster: [
+                first_standing_node_leads,
+                lapsed_leadership_passes_with_the_next_epoch,
+                leaving_hands_leadership_over_at_once,
             ],
         }
     };

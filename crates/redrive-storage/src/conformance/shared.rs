@@ -169,6 +169,73 @@ pub fn a_publish_on_one_handle_wakes_the_other<S: Store>(
     })
 }
 
+/// Nodes beating on both handles at once, at the store's own clock (`now: None`), many
+/// rounds: every beat of a round answers the same leader, there is one leader at a time
+/// (the epoch never changes while it keeps beating), and when it leaves another takes
+/// over at its next beat with the next epoch.
+pub fn heartbeats_on_both_handles_elect_one_leader<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        use super::cluster::beat;
+        let nodes = ["n1", "n2", "n3", "n4"];
+        let mut leader: Option<crate::Leadership> = None;
+        for round in 0..10 {
+            let beats = nodes.iter().enumerate().map(|(i, n)| {
+                let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let n = (*n).to_owned();
+                tokio::spawn(async move { s.heartbeat(beat(&n, true), None).await })
+            });
+            let mut answers = Vec::new();
+            for h in beats.collect::<Vec<_>>() {
+                answers.push(h.await.expect("beat task").expect("beat"));
+            }
+            // Beats of one round may straddle its taking: each saw a leader, and every
+            // leader seen is one and the same.
+            let seen: HashSet<String> = answers
+                .iter()
+                .map(|b| {
+                    b.leader
+                        .as_ref()
+                        .expect("someone leads")
+                        .incarnation
+                        .clone()
+                })
+                .collect();
+            assert_eq!(
+                seen.len(),
+                1,
+                "round {round}: two leaders seen: {answers:?}"
+            );
+            let now = answers[0].leader.clone().expect("a leader");
+            if let Some(before) = &leader {
+                assert_eq!(
+                    (&before.incarnation, before.epoch),
+                    (&now.incarnation, now.epoch),
+                    "round {round}: a live leader that kept beating was displaced"
+                );
+            }
+            assert_eq!(now.epoch, 1);
+            leader = Some(now);
+        }
+        let old = leader.expect("a leader");
+        a.leave(old.incarnation.clone(), None).await.expect("leave");
+        let next = nodes
+            .iter()
+            .map(|n| format!("{n}-1"))
+            .find(|i| *i != old.incarnation)
+            .expect("another node");
+        let node = next.trim_end_matches("-1").to_owned();
+        let got = b.heartbeat(beat(&node, true), None).await.expect("beat");
+        let l = got.leader.expect("the next node leads at once");
+        assert_eq!((l.incarnation.as_str(), l.epoch), (next.as_str(), 2));
+        let view = a.cluster(None).await.expect("cluster");
+        assert_eq!(view.nodes.len(), 3, "the leaver is forgotten: {view:?}");
+        assert_eq!(view.leader, Some(l));
+    })
+}
+
 /// The cases of the area, by name.
 pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
     vec![
@@ -187,6 +254,10 @@ pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
         (
             "a_publish_on_one_handle_wakes_the_other",
             a_publish_on_one_handle_wakes_the_other::<S>,
+        ),
+        (
+            "heartbeats_on_both_handles_elect_one_leader",
+            heartbeats_on_both_handles_elect_one_leader::<S>,
         ),
     ]
 }
@@ -218,6 +289,7 @@ macro_rules! conformance_shared_tests {
                 concurrent_ticks_act_on_each_message_once,
                 a_lease_from_one_handle_settles_on_the_other,
                 a_publish_on_one_handle_wakes_the_other,
+                heartbeats_on_both_handles_elect_one_leader,
             );
         }
     };
