@@ -139,7 +139,7 @@ impl Server {
         config: Config,
         clock: Arc<dyn engine::Clock>,
     ) -> Result<Server, ServerError> {
-        let (engine, metrics, opened) = open_engine(&config, clock).await?;
+        let mut config = config;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServerError::Bind {
@@ -147,6 +147,10 @@ impl Server {
                 source,
             })?;
         let addr = listener.local_addr().map_err(ServerError::Http)?;
+        // The address bound (an ephemeral port resolved): the node's default name and the
+        // address it announces to its cluster are made from it.
+        config.listen = addr;
+        let (engine, metrics, opened) = open_engine(&config, clock).await?;
         Ok(Server {
             config,
             engine,

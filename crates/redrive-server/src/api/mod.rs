@@ -12,6 +12,7 @@
 pub mod auth;
 mod bridges;
 pub(crate) mod browser;
+mod cluster;
 pub(crate) mod contract;
 pub(crate) mod endpoints;
 mod error;
@@ -67,7 +68,7 @@ pub struct AppState {
         (name = "leases", description = "Consume: lease, ack, nack, release, extend"),
         (name = "queues", description = "Queue counts and policies, push endpoints"),
         (name = "tasks", description = "Bulk actions as durable tasks, and the audit log"),
-        (name = "ops", description = "Health, readiness, metrics")
+        (name = "ops", description = "Health, readiness, metrics, the cluster")
     ),
     components(schemas(ErrorBody, messages::PublishBatch))
 )]
@@ -93,6 +94,7 @@ fn v1() -> OpenApiRouter<AppState> {
         .routes(routes!(queues::get))
         .routes(routes!(endpoints::list))
         .routes(routes!(bridges::list))
+        .routes(routes!(cluster::get))
         .routes(routes!(groups::list))
         .routes(routes!(tasks::create_task, tasks::list))
         .routes(routes!(tasks::get))

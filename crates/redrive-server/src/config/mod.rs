@@ -24,7 +24,8 @@
 //! - `queues.rs`: `[queues.NAME]` (policy, ordering, lease, `delivery`) and the catalog;
 //! - `push.rs`: `[push]` and `[queues.NAME.push]` with its rules;
 //! - `bridges.rs`: `[bridges.rabbitmq.NAME]`, `[bridges.redis_streams.NAME]`;
-//! - `alerts.rs`: `[alerts]`, its sinks and thresholds.
+//! - `alerts.rs`: `[alerts]`, its sinks and thresholds;
+//! - `cluster.rs`: `[cluster]`, this node's name, heartbeat and leadership lease.
 
 use crate::engine::{EngineConfig, DEFAULT_LEASE_MS};
 use redrive_core::DurationMs;
@@ -35,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 mod alerts;
 mod bridges;
+mod cluster;
 mod http;
 mod limits;
 mod push;
@@ -44,6 +46,7 @@ mod tokens;
 
 pub use alerts::{AlertSinkConfig, AlertThresholdsConfig, AlertsConfig};
 pub use bridges::{BridgesConfig, RabbitBridgeConfig, RedisBridgeConfig};
+pub use cluster::ClusterConfig;
 pub use limits::{
     message_bound_bytes, MAX_KEY_CHARS, MAX_SCHEDULE_AHEAD_CEILING_MS, MESSAGE_FIXED_BYTES,
     MIN_ERROR_MESSAGE_BYTES,
@@ -150,6 +153,8 @@ pub struct Config {
     pub bridges: BridgesConfig,
     /// Alerts.
     pub alerts: AlertsConfig,
+    /// This node in its cluster.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for Config {
@@ -185,6 +190,7 @@ impl Default for Config {
             push: PushServerConfig::default(),
             bridges: BridgesConfig::default(),
             alerts: AlertsConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -320,6 +326,7 @@ impl Config {
         self.push_settings()?;
         self.bridge_settings()?;
         self.alert_settings()?;
+        self.check_cluster()?;
         self.check_queue_policies()
     }
 
@@ -342,6 +349,7 @@ impl Config {
             push: self.push_settings().unwrap_or_default(),
             bridges: self.bridge_settings().unwrap_or_default(),
             alerts: self.alert_settings().unwrap_or_default(),
+            cluster: self.cluster_settings(),
         }
     }
 }

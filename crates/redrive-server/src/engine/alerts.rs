@@ -683,7 +683,9 @@ async fn round(
         );
     }
     let mut alerts = notifier.dead_letters(batches);
-    if !stopping && notifier.settings().has_levels() {
+    // Levels are the cluster's (counts from the store): the leader alone evaluates them.
+    // Deaths are this node's own record, sent by the node that saw them.
+    if !stopping && notifier.settings().has_levels() && engine.membership().leads() {
         match engine.store().queue_stats().await {
             Ok(stats) => alerts.extend(notifier.levels(&stats, now)),
             Err(e) => {

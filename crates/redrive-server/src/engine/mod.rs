@@ -9,6 +9,7 @@
 pub mod alerts;
 pub mod bridge;
 mod clock;
+pub mod cluster;
 pub mod push;
 pub mod scheduler;
 mod signals;
@@ -53,6 +54,8 @@ pub struct EngineConfig {
     pub bridges: Vec<bridge::BridgeSettings>,
     /// The alert notifier (off without sinks).
     pub alerts: alerts::AlertSettings,
+    /// This node's name, heartbeat and leadership lease (SPEC §13).
+    pub cluster: cluster::ClusterSettings,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             push: push::PushConfig::default(),
             bridges: Vec::new(),
             alerts: alerts::AlertSettings::default(),
+            cluster: cluster::ClusterSettings::default(),
         }
     }
 }
@@ -98,6 +102,7 @@ pub struct Engine {
     bridges: bridge::Bridges,
     tasks: tasks::Tasks,
     dead_letters: alerts::DeadLetters,
+    membership: cluster::Membership,
 }
 
 impl std::fmt::Debug for Engine {
@@ -130,7 +135,13 @@ impl Engine {
             shutting_down: AtomicBool::new(false),
             push,
             tasks: tasks::Tasks::default(),
+            membership: cluster::Membership::default(),
         })
+    }
+
+    /// This node's membership in its cluster: whether it leads (SPEC §13).
+    pub fn membership(&self) -> &cluster::Membership {
+        &self.membership
     }
 
     /// The bridges (SPEC §11).

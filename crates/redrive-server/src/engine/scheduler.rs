@@ -1,5 +1,5 @@
 //! Background services: the scheduler (promotion of due messages and the lease
-//! reaper, one loop) and the purger.
+//! reaper, one loop, on every node of a cluster) and the purger (on the leader only).
 //!
 //! The scheduler does not poll. The store publishes a *wake hint* — the
 //! earliest scheduled due time or lease expiry it knows of — and the scheduler
@@ -27,22 +27,33 @@ const TICK_RETRY_DELAY: Duration = Duration::from_secs(1);
 pub struct Background {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The heartbeat, stopped after the others: the node leaves its cluster once its
+    /// leader-only services have stopped.
+    heartbeat: (watch::Sender<bool>, JoinHandle<()>),
 }
 
 impl Background {
-    /// Stop the tasks and wait for them.
+    /// Stop the tasks and wait for them; then stop the heartbeat (the node leaves).
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
+        let (stop, task) = self.heartbeat;
+        let _ = stop.send(true);
+        let _ = task.await;
     }
 }
 
-/// Start the scheduler, the purger, the bulk tasks' runner, the push delivery workers,
-/// the bridges and the alert notifier.
+/// Start the heartbeat, the scheduler, the purger, the bulk tasks' runner, the push
+/// delivery workers, the bridges and the alert notifier.
 pub fn start(engine: Arc<Engine>) -> Background {
     let (stop, stop_rx) = watch::channel(false);
+    let (beat_stop, beat_stop_rx) = watch::channel(false);
+    let heartbeat = (
+        beat_stop,
+        tokio::spawn(super::cluster::run(engine.clone(), beat_stop_rx)),
+    );
     let mut tasks = super::push::start(engine.clone(), &stop_rx);
     tasks.extend(super::bridge::start(engine.clone(), &stop_rx));
     tasks.extend(super::alerts::start(engine.clone(), &stop_rx));
@@ -59,7 +70,11 @@ pub fn start(engine: Arc<Engine>) -> Background {
         stop_rx.clone(),
     )));
     tasks.push(tokio::spawn(purge_loop(engine, stop_rx)));
-    Background { stop, tasks }
+    Background {
+        stop,
+        tasks,
+        heartbeat,
+    }
 }
 
 async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
@@ -134,7 +149,8 @@ async fn purge_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
         }
-        loop {
+        // Once per cluster: the leader purges.
+        while engine.membership().leads() {
             match engine.purge(engine.clock().now()).await {
                 Ok(more) if more => continue,
                 Ok(_) => break,

@@ -35,6 +35,13 @@ pub enum Signal {
         /// Alerts it published into sink queues (not counting replays of earlier ones).
         published: usize,
     },
+    /// This node began or stopped leading its cluster ([`super::cluster`]).
+    Leadership {
+        /// Whether it leads now.
+        leads: bool,
+        /// Its leadership's epoch (0 when it does not lead).
+        epoch: u64,
+    },
 }
 
 /// The engine's signal sender.

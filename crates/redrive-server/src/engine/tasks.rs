@@ -135,12 +135,23 @@ pub async fn count(engine: &Engine, plan: &TaskPlan) -> Result<u64, StoreError> 
     engine.store().count(plan.selection.clone()).await
 }
 
-/// Run every running task until `stop`.
+/// Run every running task until `stop`, while this node leads its cluster (one node runs
+/// the tasks; each step commits its page and cursor together, so the next leader goes on
+/// from the last committed page).
 pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
         if *stop.borrow() {
             return;
+        }
+        if !engine.membership().leads() {
+            // Another node runs them meanwhile: start afresh (the pacing state is this
+            // node's) once this one leads again.
+            running.clear();
+            if !engine.membership().wait_to_lead(&mut stop).await {
+                return;
+            }
+            continue;
         }
         let live = match engine
             .store()
@@ -164,7 +175,7 @@ pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                 next_at: now,
                 watch: Watch::default(),
             });
-            if r.next_at <= Instant::now() {
+            if r.next_at <= Instant::now() && engine.membership().leads() {
                 match step(&engine, task, &mut r.watch).await {
                     Ok(pause) => r.next_at = Instant::now() + pause,
                     Err(e) => {

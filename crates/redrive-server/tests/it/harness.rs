@@ -49,6 +49,8 @@ pub struct TestServer {
 pub struct PgSchema {
     pub url: String,
     pub schema: String,
+    /// Whether dropping this drops the schema (false for a second server on it).
+    owned: bool,
 }
 
 /// Whether this run of the suite keeps its stores on PostgreSQL.
@@ -87,6 +89,7 @@ impl PgSchema {
         PgSchema {
             url,
             schema: format!("redrive_it_{n:x}"),
+            owned: true,
         }
     }
 }
@@ -102,6 +105,9 @@ fn drop_schema(url: &str, schema: &str) {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // On a thread of its own, not waited for: this drop runs on the test's runtime,
         // whose tasks (the server's connections) must keep running to end what they hold,
         // or the DROP would wait for them for ever. Schemas a run leaves behind are dropped
@@ -141,6 +147,22 @@ impl TestServer {
             toml_text,
             std::sync::Arc::new(redrive_server::engine::SystemClock),
             Some(PgSchema::fresh_at(url)),
+        )
+        .await
+    }
+
+    /// Another server on this one's PostgreSQL schema (a second node of its cluster), with
+    /// the default config plus `toml`; the schema is dropped with this server, not that one.
+    pub async fn start_beside(&self, toml_text: &str) -> TestServer {
+        let pg = self.pg.as_ref().expect("a server on PostgreSQL");
+        Self::start_on(
+            toml_text,
+            std::sync::Arc::new(redrive_server::engine::SystemClock),
+            Some(PgSchema {
+                url: pg.url.clone(),
+                schema: pg.schema.clone(),
+                owned: false,
+            }),
         )
         .await
     }
@@ -349,6 +371,14 @@ impl TestServer {
         assert_eq!(st, 200, "search: {all}");
         out.insert("__messages".into(), all["messages"].clone());
         Value::Object(out)
+    }
+
+    /// [`TestServer::stop`], handing back its PostgreSQL schema (dropped when the caller
+    /// drops it): for a node stopped while another still uses the schema.
+    pub async fn stop_keeping_schema(mut self) -> Option<PgSchema> {
+        let pg = self.pg.take();
+        self.stop().await;
+        pg
     }
 
     /// Graceful stop, waiting for the store to close.

@@ -6,6 +6,7 @@ mod e2e_auth;
 mod e2e_bad_input;
 mod e2e_bridge;
 mod e2e_browser;
+mod e2e_cluster;
 mod e2e_contract;
 mod e2e_engine;
 mod e2e_leases;

@@ -1,0 +1,201 @@
+//! This node in its cluster (SPEC §13): its heartbeat, and whether it leads.
+//!
+//! Every node beats every `heartbeat_ms` ([`redrive_storage::Store::heartbeat`]) and stands
+//! for leadership with a lease of `leader_lease_ms` at the store's clock. Work that must
+//! happen once in the cluster runs where [`Membership::leads`] is true: the purger, the
+//! bulk tasks' runner and the alert thresholds. Promotion of due messages and lease expiry
+//! run on every node (the store's tick is safe on several at once); so do HTTP, long polls,
+//! push delivery and the bridges.
+//!
+//! A node leads only until [`redrive_storage::Beat::leads_until`], measured from before its
+//! last successful beat was sent, on its monotonic clock: a node whose beats fail (its
+//! database gone) or that was paused past its lease stops acting as leader by itself,
+//! before another can have taken over. On the embedded store the one process leads from
+//! its first beat.
+//!
+//! On a clean stop the node leaves ([`redrive_storage::Store::leave`]): another node takes
+//! over at its next beat instead of after the lease.
+
+use super::{Engine, Signal};
+use redrive_core::MessageId;
+use redrive_storage::Heartbeat;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// This node's name, address and timings ([`super::EngineConfig::cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The node's name (`cluster.node`; default `<host name>:<port>`).
+    pub node: String,
+    /// Where its API listens, as others reach it.
+    pub address: String,
+    /// How often it beats, ms.
+    pub heartbeat_ms: u64,
+    /// How long a leadership lasts without a renewal, ms.
+    pub leader_lease_ms: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            node: "redrive".to_owned(),
+            address: String::new(),
+            heartbeat_ms: 1_000,
+            leader_lease_ms: 10_000,
+        }
+    }
+}
+
+/// Whether this node leads, as its last beats said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Leading {
+    /// Until when (monotonic) it may act as leader; `None`: it does not lead.
+    pub until: Option<Instant>,
+    /// The epoch of its leadership (0 when it does not lead).
+    pub epoch: u64,
+}
+
+/// This process's membership: its incarnation and its leadership.
+#[derive(Debug)]
+pub struct Membership {
+    incarnation: String,
+    leading: watch::Sender<Leading>,
+}
+
+impl Default for Membership {
+    fn default() -> Self {
+        Self {
+            incarnation: MessageId::new().to_string(),
+            leading: watch::channel(Leading::default()).0,
+        }
+    }
+}
+
+impl Membership {
+    /// This process's identity in the cluster (unique per start).
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
+    /// Whether this node leads now.
+    pub fn leads(&self) -> bool {
+        self.leading
+            .borrow()
+            .until
+            .is_some_and(|u| u > Instant::now())
+    }
+
+    /// The epoch of this node's leadership, when it leads now.
+    pub fn epoch(&self) -> Option<u64> {
+        let l = *self.leading.borrow();
+        l.until
+            .is_some_and(|u| u > Instant::now())
+            .then_some(l.epoch)
+    }
+
+    /// Wait until this node leads (at once when it does), or until `stop` is set: true
+    /// when it leads.
+    pub async fn wait_to_lead(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        let mut rx = self.leading.subscribe();
+        loop {
+            if *stop.borrow() {
+                return false;
+            }
+            let until = rx.borrow_and_update().until;
+            match until {
+                Some(u) if u > Instant::now() => return true,
+                _ => {}
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return false },
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    fn set(&self, next: Leading) -> Option<(bool, u64)> {
+        let before = *self.leading.borrow();
+        self.leading.send_replace(next);
+        let (was, is) = (before.until.is_some(), next.until.is_some());
+        (was != is || before.epoch != next.epoch).then_some((is, next.epoch))
+    }
+}
+
+/// Beat until `stop`; then leave.
+pub(super) async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let settings = engine.config().cluster.clone();
+    let every = Duration::from_millis(settings.heartbeat_ms.max(10));
+    let membership = engine.membership();
+    let beat = Heartbeat {
+        node: settings.node.clone(),
+        incarnation: membership.incarnation().to_owned(),
+        address: settings.address.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        lead: true,
+        lead_ms: settings.leader_lease_ms,
+    };
+    let mut failing = false;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let sent = Instant::now();
+        match engine.store().heartbeat(beat.clone(), None).await {
+            Ok(b) => {
+                if failing {
+                    tracing::info!(node = %settings.node, "heartbeat recorded again");
+                    failing = false;
+                }
+                let until = b.leads_until(&beat.incarnation, sent, beat.lead_ms);
+                let epoch = b.leader.as_ref().map_or(0, |l| l.epoch);
+                let next = Leading {
+                    until,
+                    epoch: if until.is_some() { epoch } else { 0 },
+                };
+                if let Some((leads, epoch)) = membership.set(next) {
+                    let leader = b.leader.as_ref().map_or("nobody", |l| l.node.as_str());
+                    if leads {
+                        tracing::info!(node = %settings.node, epoch, "this node leads the cluster");
+                    } else {
+                        tracing::info!(node = %settings.node, leader, "this node does not lead");
+                    }
+                    engine
+                        .signals()
+                        .send(|| Signal::Leadership { leads, epoch });
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(node = %settings.node, error = %e, "heartbeat failed; this node stops leading when its lease runs out");
+                    failing = true;
+                }
+                // `until` stays as the last good beat set it: past it, leads() is false.
+                if !membership.leads() && membership.leading.borrow().until.is_some() {
+                    if let Some((leads, epoch)) = membership.set(Leading::default()) {
+                        engine
+                            .signals()
+                            .send(|| Signal::Leadership { leads, epoch });
+                    }
+                }
+            }
+        }
+        // Wake early when the leadership would run out before the next beat.
+        let mut wake = sent + every;
+        if let Some(u) = membership.leading.borrow().until {
+            wake = wake.min(u.max(Instant::now()));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    membership.set(Leading::default());
+    if let Err(e) = engine
+        .store()
+        .leave(membership.incarnation().to_owned(), None)
+        .await
+    {
+        tracing::warn!(error = %e, "could not leave the cluster; another node leads once this node's lease runs out");
+    }
+}

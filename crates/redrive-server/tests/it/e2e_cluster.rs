@@ -1,0 +1,110 @@
+//! SPEC §13: this node in its cluster — `GET /v1/cluster`, one leader, a stopped leader
+//! replaced at once.
+
+use crate::harness::{ok, TestServer};
+use redrive_server::engine::Signal;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// A heartbeat every 100 ms and a 1 s leadership lease, so that handovers are quick.
+const QUICK: &str = "[cluster]\nheartbeat_interval = \"100ms\"\nleader_lease = \"1s\"\n";
+
+/// `/v1/cluster` once it satisfies `done` (polled for at most 10 s).
+async fn cluster_when(s: &TestServer, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = s.get("/v1/cluster").await;
+        if answer.0 != 200 {
+            panic!(
+                "{what}: {answer:?}; the store says {:?}",
+                s.engine.store().cluster(None).await
+            );
+        }
+        let got = ok(answer);
+        if done(&got) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within 10 s: {got}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_single_node_leads_its_own_cluster() {
+    let s = TestServer::start("").await;
+    let port = s.addr.port();
+    let got = cluster_when(&s, "a leader", |c| !c["leader"].is_null()).await;
+    let nodes = got["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 1, "{got}");
+    let me = &nodes[0];
+    let name = got["node"].as_str().expect("node");
+    assert!(
+        name.ends_with(&format!(":{port}")),
+        "named host:port: {got}"
+    );
+    assert_eq!(me["node"], name);
+    assert_eq!(me["address"], format!("http://127.0.0.1:{port}"));
+    assert_eq!(me["live"], true);
+    assert_eq!(me["leader"], true);
+    assert_eq!(me["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(got["leader"]["incarnation"], me["incarnation"]);
+    assert!(got["leader"]["epoch"].as_u64().unwrap() >= 1, "{got}");
+    assert!(s.engine.membership().leads());
+    s.stop().await;
+}
+
+/// Two nodes on one PostgreSQL schema: both list both, exactly one leads, and when it
+/// stops (it leaves) the other leads at its next heartbeat, with the next epoch.
+#[tokio::test]
+async fn two_nodes_elect_one_leader_and_a_stopped_leader_is_replaced_at_once() {
+    let a = TestServer::start_on_postgres(QUICK).await;
+    let b = a.start_beside(QUICK).await;
+    let both = |c: &Value| {
+        c["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["live"] == true))
+            && !c["leader"].is_null()
+    };
+    let seen_a = cluster_when(&a, "two live nodes and a leader", both).await;
+    let seen_b = cluster_when(&b, "two live nodes and a leader", both).await;
+    assert_eq!(
+        seen_a["leader"]["incarnation"],
+        seen_b["leader"]["incarnation"]
+    );
+    let leaders = [&a, &b]
+        .iter()
+        .filter(|s| s.engine.membership().leads())
+        .count();
+    assert_eq!(leaders, 1, "exactly one node leads: {seen_a}");
+    let epoch = seen_a["leader"]["epoch"].as_u64().unwrap();
+    let (leader, other) = if a.engine.membership().leads() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+
+    let mut signals = other.engine.signals().subscribe();
+    let stopped = Instant::now();
+    let _schema = leader.stop_keeping_schema().await;
+    eprintln!(
+        "cluster test: the leader stopped in {:?}",
+        stopped.elapsed()
+    );
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        signals.wait_for(|s| matches!(s, Signal::Leadership { leads: true, .. })),
+    )
+    .await
+    .expect("the other node leads within 3 s of the leader's stop");
+    let took = stopped.elapsed();
+    eprintln!("cluster test: a stopped leader was replaced {took:?} after its stop began (lease 1 s, heartbeat 100 ms)");
+    assert!(other.engine.membership().leads());
+    assert_eq!(other.engine.membership().epoch(), Some(epoch + 1));
+    let got = cluster_when(&other, "the leaver gone", |c| {
+        c["nodes"].as_array().is_some_and(|n| n.len() == 1)
+    })
+    .await;
+    assert_eq!(got["nodes"][0]["leader"], true, "{got}");
+    assert_eq!(got["leader"]["epoch"], epoch + 1);
+    other.stop().await;
+}
