@@ -9,6 +9,7 @@
 pub mod alerts;
 pub mod bridge;
 mod clock;
+pub mod consume;
 pub mod push;
 pub mod scheduler;
 mod signals;
