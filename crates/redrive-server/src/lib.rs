@@ -14,6 +14,8 @@ pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod storage;
+#[doc(hidden)]
+pub mod testing;
 pub mod ui;
 
 pub use config::{Config, ConfigError, Overrides};
@@ -71,7 +73,7 @@ pub async fn open_with_clock(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
-    open_engine(config, clock)
+    open_engine(config, clock, |store| store)
         .await
         .map(|(engine, metrics, _)| (engine, metrics))
 }
@@ -80,6 +82,7 @@ pub async fn open_with_clock(
 async fn open_engine(
     config: &Config,
     clock: Arc<dyn engine::Clock>,
+    wrap: impl FnOnce(Arc<dyn redrive_storage::Store>) -> Arc<dyn redrive_storage::Store>,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>, Opened), ServerError> {
     if config.is_unauthenticated_public_listen() {
         return Err(ServerError::PublicWithoutToken(config.listen));
@@ -90,6 +93,7 @@ async fn open_engine(
         backend,
         location,
     } = storage::open_store(config, &metrics).await?;
+    let store = wrap(store);
     let engine = Arc::new(
         engine::Engine::new(store, config.engine_config(), metrics.clone(), clock)
             .map_err(|e| ServerError::Push(e.to_string()))?,
@@ -139,6 +143,17 @@ impl Server {
         config: Config,
         clock: Arc<dyn engine::Clock>,
     ) -> Result<Server, ServerError> {
+        Self::bind_wrapping_store(config, clock, |store| store).await
+    }
+
+    /// [`Server::bind_with_clock`], the engine built over `wrap`'s wrapper of the opened
+    /// store: for tests that make the store fail ([`testing::FaultyStore`]).
+    #[doc(hidden)]
+    pub async fn bind_wrapping_store(
+        config: Config,
+        clock: Arc<dyn engine::Clock>,
+        wrap: impl FnOnce(Arc<dyn redrive_storage::Store>) -> Arc<dyn redrive_storage::Store>,
+    ) -> Result<Server, ServerError> {
         let mut config = config;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -150,7 +165,7 @@ impl Server {
         // The address bound (an ephemeral port resolved): the node's default name and the
         // address it announces to its cluster are made from it.
         config.listen = addr;
-        let (engine, metrics, opened) = open_engine(&config, clock).await?;
+        let (engine, metrics, opened) = open_engine(&config, clock, wrap).await?;
         Ok(Server {
             config,
             engine,

@@ -86,6 +86,12 @@ struct BridgeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    queue: String,
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BridgeEventLabels {
     bridge: String,
     event: &'static str,
@@ -149,6 +155,7 @@ pub struct Metrics {
     bridge_connected: Family<BridgeLabel, Gauge>,
     bridge_events: Family<BridgeEventLabels, Gauge>,
     alerts_sent: Family<SinkKindLabels, Counter>,
+    consume_store_faults: Family<OperationLabels, Counter>,
     /// Per-minute counts for the console's charts (in memory, since start-up).
     series: series::Series,
     /// When these metrics were made (the process started), ms since the epoch.
@@ -344,6 +351,12 @@ impl Metrics {
             "Alerts published into a sink's push queue, by sink and kind: dead_letters, oldest_ready_age, backlog",
             alerts_sent.clone(),
         );
+        let consume_store_faults = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "redrive_consume_store_faults",
+            "Store errors met by the server's own consumers (push, bridges) while leasing or settling, by queue and operation: lease, ack, nack, release. Each is backed off and survived; a message whose settlement was lost is delivered again after its lease",
+            consume_store_faults.clone(),
+        );
         Self {
             registry,
             published,
@@ -371,6 +384,7 @@ impl Metrics {
             bridge_connected,
             bridge_events,
             alerts_sent,
+            consume_store_faults,
             series: series::Series::new(),
             started_at_ms: now_ms(),
         }
@@ -426,6 +440,16 @@ impl Metrics {
                 })
                 .observe(latency_ms as f64 / 1000.0);
         }
+    }
+
+    /// One of the server's own consumers met a store error during `operation` on `queue`.
+    pub fn consume_store_fault(&self, queue: &str, operation: &'static str) {
+        self.consume_store_faults
+            .get_or_create(&OperationLabels {
+                queue: queue.to_owned(),
+                operation,
+            })
+            .inc();
     }
 
     /// A message due for `endpoint` was parked (handed back unattempted) because of `reason`.

@@ -10,6 +10,7 @@ pub mod alerts;
 pub mod bridge;
 mod clock;
 pub mod cluster;
+pub mod consume;
 pub mod push;
 pub mod scheduler;
 mod signals;
@@ -382,19 +383,6 @@ impl Engine {
                 })
             })
             .collect())
-    }
-
-    /// A leased message that cannot be delivered as it is stored (push: its `target_url` no
-    /// longer parses; a bridge: its broker headers were edited away): a permanent failure,
-    /// so it is dead and findable rather than retried for ever.
-    pub async fn reject(&self, lease: LeaseRef, why: impl Into<String>) -> Result<(), StoreError> {
-        let nack = Nack {
-            lease,
-            failure: redrive_core::Failure::new(redrive_core::ErrorClass::Permanent, why),
-            response: None,
-            waited: Vec::new(),
-        };
-        self.nack(vec![nack]).await.map(drop)
     }
 
     /// Fail delivered attempts that came back (a bridge's consumer rejected them).

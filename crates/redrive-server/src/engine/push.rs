@@ -1,7 +1,10 @@
 //! Push delivery (SPEC §10): for every queue with `delivery = "push"`, a worker leases due
 //! messages itself and sends each to the queue's endpoint, then acks or nacks it by what the
 //! endpoint answered. It is a consumer like any other, inside the server: the lease, the
-//! retry policy, the history and every guarantee of SPEC §4 are the store's, unchanged.
+//! retry policy, the history and every guarantee of SPEC §4 are the store's, unchanged. The
+//! worker is a [`Deliverer`] of the consume driver ([`super::consume`]), which leases for it,
+//! settles what it answers (each call settles its own message when it ends, through the
+//! driver's [`Settler`]) and applies the one policy for store faults.
 //!
 //! Downstream protection lives per endpoint (`scheme://host:port`), in
 //! [`redrive_push::protect::Protection`]: a concurrency limit, an optional rate limit, a
@@ -36,6 +39,7 @@
 //! that (at least once), and it is marked done only by an ack that follows a 2xx
 //! (`crates/redrive/tests/push_crash.rs` kills the server with pushes in flight and counts).
 
+use super::consume::{self, CutShort, Deliverer, LeaseAsk, SettleResult, Settlement, Settler};
 use super::Engine;
 use crate::metrics::EndpointGauges;
 use redrive_core::{AttemptResponse, ErrorClass, Failure, MessageId, Timestamp, Waited, WaitedFor};
@@ -47,7 +51,7 @@ use redrive_push::send::{BuildError, Request, Sender, SenderConfig};
 use redrive_push::signing::{signature_header, Secret};
 use redrive_push::ssrf::Guard;
 use redrive_push::{Method, Url};
-use redrive_storage::{Ack, Leased, Nack, Release};
+use redrive_storage::{Ack, LeaseRef, Leased, Nack, Release};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -520,41 +524,60 @@ pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<Jo
         .collect()
 }
 
-/// Lease and deliver `queue`'s messages until `stop`; then let the calls in flight finish
-/// (each acks or nacks its message).
-async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Receiver<bool>) {
+/// Deliver `queue`'s messages with the consume driver until `stop`; then let the calls in
+/// flight finish (each acks or nacks its message).
+async fn queue_worker(engine: Arc<Engine>, queue: String, stop: watch::Receiver<bool>) {
     let Some((ep, settings)) = engine.push().by_queue.get(&queue).cloned() else {
         return;
     };
     tracing::info!(queue = %queue, endpoint = %ep.key, "push delivery started");
-    let mut calls = JoinSet::new();
-    'run: loop {
-        while calls.try_join_next().is_some() {}
-        if *stop.borrow() {
-            break;
-        }
-        // 1. Wait until the endpoint would admit a call: while it would not, due messages
-        //    stay ready in the store, uncharged. (Not when messages may carry their own
-        //    targets: each is then judged by its own endpoint after the lease.)
-        if !settings.allow_message_targets {
+    let pusher = Pusher {
+        engine: engine.clone(),
+        queue: queue.clone(),
+        ep,
+        settings,
+        calls: JoinSet::new(),
+    };
+    if let Err(e) = consume::run(&engine, &queue, "push", pusher, stop).await {
+        // Push has no connection of its own to lose: its deliverer never faults.
+        tracing::error!(queue = %queue, error = %e, "push delivery ended");
+    }
+}
+
+/// Push delivery as a [`Deliverer`] of the consume driver: one push queue, its endpoint,
+/// its calls in flight.
+struct Pusher {
+    engine: Arc<Engine>,
+    queue: String,
+    ep: Arc<Endpoint>,
+    settings: Arc<PushSettings>,
+    calls: JoinSet<()>,
+}
+
+impl Deliverer for Pusher {
+    /// Wait until the endpoint would admit a call: while it would not, due messages stay
+    /// ready in the store, uncharged. (Not when messages may carry their own targets: each
+    /// is then judged by its own endpoint after the lease.) Then: one message at a time
+    /// when paced or rate limited, else as many as there are free call slots.
+    async fn admit(&mut self) -> LeaseAsk {
+        let ep = &self.ep;
+        while self.calls.try_join_next().is_some() {}
+        if !self.settings.allow_message_targets {
             loop {
                 let changed = ep.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
                 let wait = ep.with_protection(|p, now| p.admissible(now).err().map(|w| (w, now)));
                 let Some((wait, now)) = wait else { break };
-                ep.refused(wait.reason, engine.clock().now());
+                ep.refused(wait.reason, self.engine.clock().now());
                 let sleep = Duration::from_millis(wait.until_ms.saturating_sub(now).max(1));
                 tokio::select! {
                     _ = tokio::time::sleep(sleep) => {}
                     _ = &mut changed => {}
-                    _ = stop.changed() => break 'run,
                 }
-                while calls.try_join_next().is_some() {}
+                while self.calls.try_join_next().is_some() {}
             }
         }
-        // 2. Lease: one at a time when paced or rate limited, else as many as there are
-        //    free call slots.
         let snapshot = ep.protection().snapshot(ep.now_ms());
         let max = if snapshot.pace_per_s.is_some() || snapshot.rate_limit_per_s.is_some() {
             1
@@ -564,48 +587,48 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                 .saturating_sub(snapshot.in_flight)
                 .clamp(1, MAX_LEASE_BATCH)
         };
-        let leased = tokio::select! {
-            r = engine.lease(&queue, max, None, Some(settings.lease_ms()), 1_000) => r,
-            _ = stop.changed() => break 'run,
-        };
-        let leased = match leased {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(queue = %queue, error = %e, "push delivery could not lease; retrying in 1s");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    _ = stop.changed() => break 'run,
-                }
-            }
-        };
-        // 3. Start each call, or park the message.
+        LeaseAsk {
+            max,
+            lease_ms: self.settings.lease_ms(),
+        }
+    }
+
+    /// Start each call (it settles its message when it ends), or park the message; a
+    /// message whose `target_url` no longer parses is answered to the driver, rejected.
+    async fn deliver(
+        &mut self,
+        leased: Vec<Leased>,
+        settler: &Settler,
+    ) -> Result<Vec<Settlement>, CutShort> {
+        let (engine, queue, settings) = (&self.engine, &self.queue, &self.settings);
+        let mut settle = Vec::new();
         for l in leased {
             let due = due_of(&l, settings.lease_ms());
             let (ep, url) = match (&l.message.target_url, settings.allow_message_targets) {
                 (Some(t), true) => {
                     let Ok(url) = Url::parse(t) else {
                         // Checked at publish; a stored one that no longer parses cannot be sent.
-                        let id = l.message.id;
-                        let lease = redrive_storage::LeaseRef { id, token: l.token };
-                        if let Err(e) = engine.reject(lease, "target_url is not a URL").await {
-                            tracing::error!(message = %id, error = %e, "could not record a push message that cannot be sent");
-                        }
+                        let lease = LeaseRef {
+                            id: l.message.id,
+                            token: l.token,
+                        };
+                        settle.push(Settlement::reject(lease, "target_url is not a URL"));
                         continue;
                     };
-                    match engine.push().target(&url, &queue, &settings) {
+                    match engine.push().target(&url, queue, settings) {
                         Some(ep) => (ep, url),
                         None => {
-                            let now = ep.now_ms();
+                            let now = self.ep.now_ms();
                             let wait = Wait {
                                 until_ms: now + 1_000,
                                 reason: WaitReason::Concurrency,
                             };
-                            park(&engine, &ep, l, wait, now, due).await;
+                            park(engine, settler, &self.ep, l, wait, now, due).await;
                             continue;
                         }
                     }
                 }
-                _ => (ep.clone(), settings.url.clone()),
+                _ => (self.ep.clone(), settings.url.clone()),
             };
             ep.parked_set().remove(&l.message.id);
             let is_retry = l.attempt > 1;
@@ -615,8 +638,16 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                 {
                     Ok(()) => {
                         let waited = ep.wait_of(due, l.lateness_ms).into_iter().collect();
-                        let (engine, ep, settings) = (engine.clone(), ep.clone(), settings.clone());
-                        calls.spawn(deliver(engine, ep, settings, url, l, waited));
+                        let call = deliver(
+                            engine.clone(),
+                            settler.clone(),
+                            ep.clone(),
+                            settings.clone(),
+                            url,
+                            l,
+                            waited,
+                        );
+                        self.calls.spawn(call);
                         break;
                     }
                     Err((w, now))
@@ -635,18 +666,22 @@ async fn queue_worker(engine: Arc<Engine>, queue: String, mut stop: watch::Recei
                         }
                     }
                     Err((w, now)) => {
-                        park(&engine, &ep, l, w, now, due).await;
+                        park(engine, settler, &ep, l, w, now, due).await;
                         break;
                     }
                 }
             }
         }
+        Ok(settle)
     }
-    let in_flight = calls.len();
-    if in_flight > 0 {
-        tracing::info!(queue = %queue, in_flight, "push delivery stopping: waiting for the calls in flight");
+
+    async fn finish(&mut self) {
+        let in_flight = self.calls.len();
+        if in_flight > 0 {
+            tracing::info!(queue = %self.queue, in_flight, "push delivery stopping: waiting for the calls in flight");
+        }
+        while self.calls.join_next().await.is_some() {}
     }
-    while calls.join_next().await.is_some() {}
 }
 
 /// When a leased message was due: the store's lease time (its expiry less the lease) less
@@ -664,7 +699,15 @@ fn due_of(l: &Leased, lease_ms: u64) -> Timestamp {
 /// Hand a leased message back unattempted until the endpoint said to ask again, noting in
 /// its history what it waited for in the store since it was `due` (if anything) and what
 /// it waits for now (one entry per reason however often it is parked).
-async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64, due: Timestamp) {
+async fn park(
+    engine: &Engine,
+    settler: &Settler,
+    ep: &Endpoint,
+    l: Leased,
+    wait: Wait,
+    now_ms: u64,
+    due: Timestamp,
+) {
     let id = l.message.id;
     let now = engine.clock().now();
     let mut waited: Vec<Waited> = ep.wait_of(due, l.lateness_ms).into_iter().collect();
@@ -678,30 +721,25 @@ async fn park(engine: &Engine, ep: &Endpoint, l: Leased, wait: Wait, now_ms: u64
     let until = now.plus_ms(wait.until_ms.saturating_sub(now_ms));
     let release = Release {
         waited,
-        ..Release::by_redrive(redrive_storage::LeaseRef { id, token: l.token }, until)
+        ..Release::by_redrive(LeaseRef { id, token: l.token }, until)
     };
-    match engine.release(vec![release]).await {
-        Ok(mut r) => match r.pop() {
-            Some(Ok(_)) => {
-                ep.parked_set().insert(id);
-                engine
-                    .metrics()
-                    .push_parked(&ep.label, wait.reason.as_str());
-            }
-            Some(Err(e)) => {
-                tracing::warn!(message = %id, error = %e, "could not park a push message; its lease will expire");
-            }
-            None => {}
-        },
-        Err(e) => {
-            tracing::error!(message = %id, error = %e, "could not park a push message; its lease will expire");
-        }
+    // A release the store refused or lost is logged by the settler; its lease will expire.
+    if let Some(SettleResult::Done) = settler
+        .settle(vec![Settlement::Release(release)])
+        .await
+        .pop()
+    {
+        ep.parked_set().insert(id);
+        engine
+            .metrics()
+            .push_parked(&ep.label, wait.reason.as_str());
     }
 }
 
 /// One attempt to `url`: send, classify, tell the protection, ack or nack.
 async fn deliver(
     engine: Arc<Engine>,
+    settler: Settler,
     ep: Arc<Endpoint>,
     settings: Arc<PushSettings>,
     url: Url,
@@ -800,7 +838,7 @@ async fn deliver(
     engine
         .metrics()
         .push_attempt(&ep.label, result, sent.latency_ms);
-    let lease = redrive_storage::LeaseRef {
+    let lease = LeaseRef {
         id: l.message.id,
         token: l.token,
     };
@@ -818,33 +856,20 @@ async fn deliver(
         }),
     };
     let response = Some(response);
-    let settled = match failure {
-        None => engine
-            .ack(vec![Ack {
-                response,
-                waited,
-                ..Ack::from(lease)
-            }])
-            .await
-            .map(|mut r| r.pop().map(|x| x.map(drop))),
-        Some(failure) => engine
-            .nack(vec![Nack {
-                lease,
-                failure,
-                response,
-                waited,
-            }])
-            .await
-            .map(|mut r| r.pop().map(|x| x.map(drop))),
+    let settlement = match failure {
+        None => Settlement::Ack(Ack {
+            response,
+            waited,
+            ..Ack::from(lease)
+        }),
+        Some(failure) => Settlement::Nack(Nack {
+            lease,
+            failure,
+            response,
+            waited,
+        }),
     };
-    match settled {
-        Ok(Some(Ok(()))) | Ok(None) => {}
-        Ok(Some(Err(e))) => tracing::warn!(
-            message = %id, result, error = %e,
-            "push attempt finished after its lease ended; the message is (or will be) delivered again"
-        ),
-        Err(e) => {
-            tracing::error!(message = %id, result, error = %e, "could not record a push attempt")
-        }
-    }
+    // Settled through the driver's settler: a refusal (the lease ended meanwhile) or a store
+    // fault is logged, counted and handled by its policy.
+    settler.settle(vec![settlement]).await;
 }

@@ -30,6 +30,31 @@ pub enum Signal {
         /// Done messages deleted.
         done_deleted: u64,
     },
+    /// One of the server's own consumers (push, a bridge: see `engine::consume`) settled a
+    /// batch of `queue`'s messages.
+    Settled {
+        /// The queue.
+        queue: String,
+        /// Acks in the batch.
+        acked: usize,
+        /// Nacks in the batch.
+        nacked: usize,
+        /// Releases in the batch.
+        released: usize,
+        /// Settlements the store refused (the lease had ended).
+        refused: usize,
+        /// Settlements lost to a store fault (delivered again after their lease).
+        failed: usize,
+    },
+    /// One of the server's own consumers met a store fault: it backs off and continues.
+    StoreFault {
+        /// The queue.
+        queue: String,
+        /// `lease`, `ack`, `nack` or `release`.
+        operation: &'static str,
+        /// Messages the failed call concerned (0 for a lease).
+        count: usize,
+    },
     /// The alert notifier finished an evaluation.
     AlertsChecked {
         /// Alerts it published into sink queues (not counting replays of earlier ones).

@@ -212,6 +212,14 @@ impl Topology {
     /// A server with the bridge, connected: `top` holds top-level config keys, `retry` the
     /// redrive queue's `[retry]` keys.
     async fn server_with(&self, top: &str, retry: &str) -> TestServer {
+        let s = TestServer::start(&self.config(top, retry)).await;
+        connected(&s).await;
+        s
+    }
+
+    /// The configuration of a server with the bridge: `top` holds top-level config keys,
+    /// `retry` the redrive queue's `[retry]` keys.
+    fn config(&self, top: &str, retry: &str) -> String {
         let Topology {
             intake,
             queue,
@@ -219,7 +227,7 @@ impl Topology {
             dead_x,
             ..
         } = self;
-        let s = TestServer::start(&format!(
+        format!(
             r#"
 {top}
 [bridges.rabbitmq.orders]
@@ -231,16 +239,7 @@ dead_exchange = "{dead_x}"
 [queues."{queue}".retry]
 {retry}
 "#
-        ))
-        .await;
-        for _ in 0..500 {
-            let (_, b) = s.get("/v1/bridges").await;
-            if b["bridges"][0]["state"] == "connected" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        s
+        )
     }
 
     /// Publish 10 messages `m-0` … `m-9` and one `doomed-1`, with a content type and a
@@ -445,6 +444,17 @@ fn failed_attempts(message: &serde_json::Value) -> usize {
 }
 
 /// The first dead message of `queue`, once there is one (at most 60 s).
+/// Wait (at most 10 s) until the server's first bridge is connected.
+async fn connected(s: &TestServer) {
+    for _ in 0..500 {
+        let (_, b) = s.get("/v1/bridges").await;
+        if b["bridges"][0]["state"] == "connected" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
     for _ in 0..3_000 {
         let (_, page) = s
@@ -501,7 +511,13 @@ async fn create_group(r: &mut redis::aio::MultiplexedConnection, stream: &str) {
 }
 
 async fn redis_server(stream: &str, queue: &str) -> TestServer {
-    TestServer::start(&format!(
+    TestServer::start(&redis_config(stream, queue)).await
+}
+
+/// A server with a Redis Streams bridge of `stream` (group `workers`, idle 200 ms) into
+/// `queue` (4 attempts, 100 ms apart).
+fn redis_config(stream: &str, queue: &str) -> String {
+    format!(
         r#"
 [bridges.redis_streams.payments]
 url = "{REDIS}"
@@ -515,8 +531,116 @@ backoff = "fixed"
 initial_delay = "100ms"
 jitter = "none"
 "#
-    ))
+    )
+}
+
+/// Read what is new in `stream` as consumer `w1` of group `workers` (waiting at most
+/// 100 ms), ack it in the group, and answer how many entries that was.
+async fn read_and_ack(r: &mut redis::aio::MultiplexedConnection, stream: &str) -> usize {
+    let entries = read_group(r, stream).await;
+    for (id, _) in &entries {
+        let _: i64 = redis::cmd("XACK")
+            .arg(stream)
+            .arg("workers")
+            .arg(id)
+            .query_async(r)
+            .await
+            .unwrap();
+    }
+    entries.len()
+}
+
+/// Issue 17, for Redis Streams: a store fault while acking a republished copy keeps the
+/// connection (`connects` stays 1); the message stays leased and is added to the stream
+/// again once its lease expires (moved on the injected clock), then acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_fault_while_acking_a_redis_copy_keeps_the_connection_and_the_copy_comes_again() {
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs.fault.{run}"), format!("rsq-fault-{run}"));
+    create_group(&mut r, &stream).await;
+    let clock = Arc::new(redrive_server::engine::ManualClock::new(
+        redrive_core::Timestamp::now(),
+    ));
+    let (s, store) =
+        TestServer::start_with_faulty_store(&redis_config(&stream, &queue), clock.clone()).await;
+    connected(&s).await;
+    let mut signals = s.engine.signals().subscribe();
+    store.fail_acks(1);
+    let entry: Vec<(&[u8], &[u8])> = vec![(b"order", b"o-1")];
+    xadd(&mut r, &stream, &entry).await;
+    // Read and left unacked: the bridge claims it once idle 200 ms.
+    assert_eq!(read_group(&mut r, &stream).await.len(), 1);
+    // Due 100 ms (on the clock) after it was taken in: added to the stream, its ack fails.
+    // Every copy is read and acked in the group.
+    let mut seen = 0;
+    for _ in 0..400 {
+        seen += read_and_ack(&mut r, &stream).await;
+        if store.acks_failed() == 1 && seen == 1 {
+            break;
+        }
+        clock.advance(50);
+    }
+    assert_eq!(store.acks_failed(), 1, "the ack of the copy never ran");
+    assert_eq!(seen, 1, "the copy reached the group");
+    let fault = tokio::time::timeout(
+        Duration::from_secs(10),
+        signals.wait_for(|sig| matches!(sig, redrive_server::engine::Signal::StoreFault { .. })),
+    )
     .await
+    .expect("no StoreFault signal");
+    assert_eq!(
+        fault,
+        Some(redrive_server::engine::Signal::StoreFault {
+            queue: queue.clone(),
+            operation: "ack",
+            count: 1
+        })
+    );
+    let m = &messages_of(&s, &queue).await[0];
+    assert_eq!(m["state"], "leased", "its ack was lost: {m}");
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["state"], "connected", "{b}");
+    assert_eq!(b["connects"], 1, "a store fault reconnected: {b}");
+    // The lease (60 s) expires: retried 100 ms later, added to the stream again.
+    clock.advance(60_001);
+    for _ in 0..400 {
+        seen += read_and_ack(&mut r, &stream).await;
+        if seen == 2 {
+            break;
+        }
+        clock.advance(50);
+    }
+    assert_eq!(
+        seen, 2,
+        "the message was not delivered again after its lease"
+    );
+    let id = m["id"].as_str().unwrap().to_owned();
+    for _ in 0..500 {
+        if s.message(&id).await["state"] == "done" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let full = s.message(&id).await;
+    assert_eq!(full["state"], "done", "{full}");
+    assert!(
+        full["history"].to_string().contains("lease_expired"),
+        "the lost ack shows as an expired lease: {full}"
+    );
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["connects"], 1, "{b}");
+    assert_eq!(b["republished"], 2, "{b}");
+    s.stop().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut r)
+        .await
+        .unwrap();
 }
 
 /// The Redis Streams bridge with the seeds' other tool: an unchanged php-redis consumer that
@@ -720,6 +844,122 @@ async fn a_message_that_arrives_counted_keeps_its_count() {
         1,
         "it was delivered again"
     );
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
+/// Issue 17: a store fault while settling a republish is the store's, not the broker's.
+/// The ack of a confirmed copy fails (the store answers `Unavailable`): the bridge keeps its
+/// connection (no reconnect, `connects` stays 1), the message stays leased, and once its
+/// lease expires (moved on the injected clock) it is republished again (at least once)
+/// and then acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_copy_comes_again() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let clock = Arc::new(redrive_server::engine::ManualClock::new(
+        redrive_core::Timestamp::now(),
+    ));
+    let (s, store) =
+        TestServer::start_with_faulty_store(&t.config("", RETRY_4_FAST), clock.clone()).await;
+    connected(&s).await;
+    let mut signals = s.engine.signals().subscribe();
+    // Rejects the first delivery, acks every copy.
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        Some(1),
+        seen.clone(),
+    ));
+    store.fail_acks(1);
+    let publisher = conn.create_channel().await.unwrap();
+    let props = BasicProperties::default().with_message_id(ShortString::from("m-1"));
+    publish_raw(&t, &publisher, b"once", props).await;
+    wait_bridge(&s, "the intake", |b| b["intake"] == 1).await;
+    let copies = || seen.lock().unwrap().get("m-1").map_or(0, Vec::len);
+    // Due 100 ms after the rejection: republished, confirmed, and its ack fails.
+    for _ in 0..400 {
+        if store.acks_failed() == 1 && copies() == 2 {
+            break;
+        }
+        clock.advance(50);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(store.acks_failed(), 1, "the ack of the republish never ran");
+    let fault = tokio::time::timeout(
+        Duration::from_secs(10),
+        signals.wait_for(|sig| matches!(sig, redrive_server::engine::Signal::StoreFault { .. })),
+    )
+    .await
+    .expect("no StoreFault signal");
+    assert_eq!(
+        fault,
+        Some(redrive_server::engine::Signal::StoreFault {
+            queue: t.queue.clone(),
+            operation: "ack",
+            count: 1
+        })
+    );
+    assert_eq!(copies(), 2, "the copy reached the consumer");
+    let m = &messages_of(&s, &t.queue).await[0];
+    assert_eq!(m["state"], "leased", "its ack was lost: {m}");
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["state"], "connected", "{b}");
+    assert_eq!(
+        b["connects"], 1,
+        "a store fault reconnected the broker: {b}"
+    );
+    assert_eq!(b["republished"], 1, "{b}");
+    // The lease (60 s) expires: a failed attempt, retried 100 ms later: republished again.
+    clock.advance(60_001);
+    for _ in 0..400 {
+        if copies() == 3 {
+            break;
+        }
+        clock.advance(50);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        copies(),
+        3,
+        "the message was not delivered again after its lease"
+    );
+    let id = m["id"].as_str().unwrap().to_owned();
+    for _ in 0..500 {
+        if s.message(&id).await["state"] == "done" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let full = s.message(&id).await;
+    assert_eq!(full["state"], "done", "{full}");
+    let events: Vec<&str> = full["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["event"].as_str())
+        .collect();
+    assert!(
+        events.contains(&"republished"),
+        "the second copy was acked as republished: {full}"
+    );
+    assert!(
+        full["history"].to_string().contains("lease_expired"),
+        "the lost ack shows as an expired lease: {full}"
+    );
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["connects"], 1, "{b}");
+    assert_eq!(b["republished"], 2, "{b}");
+    let metrics = s.get_text("/metrics").await.1;
+    let line = format!(
+        "redrive_consume_store_faults_total{{queue=\"{}\",operation=\"ack\"}} 1",
+        t.queue
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
     s.stop().await;
     t.delete(&admin).await;
 }

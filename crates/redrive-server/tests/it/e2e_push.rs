@@ -149,12 +149,30 @@ async fn server_with(
     max_attempts: u32,
     delay: &str,
 ) -> TestServer {
+    TestServer::start(&push_config(
+        url,
+        extra_push,
+        allow_loopback,
+        max_attempts,
+        delay,
+    ))
+    .await
+}
+
+/// The configuration of [`server_with`].
+fn push_config(
+    url: &str,
+    extra_push: &str,
+    allow_loopback: bool,
+    max_attempts: u32,
+    delay: &str,
+) -> String {
     let allow = if allow_loopback {
         "[push]\nallow_cidrs = [\"127.0.0.1/32\"]\n"
     } else {
         ""
     };
-    TestServer::start(&format!(
+    format!(
         r#"{allow}
 [queues.hooks]
 delivery = "push"
@@ -170,8 +188,7 @@ backoff = "fixed"
 initial_delay = "{delay}"
 jitter = "none"
 "#
-    ))
-    .await
+    )
 }
 
 /// An endpoint that answers 500 while the flag is set, 200 after.
@@ -208,6 +225,49 @@ fn responses(m: &Value) -> Vec<Value> {
         .iter()
         .map(|h| h["response"].clone())
         .collect()
+}
+
+/// Issue 17: a store fault while acking a delivered push is survived by the push worker
+/// (the consume driver's policy): the message stays leased, and once its lease (timeout
+/// 500 ms + 5 s) expires it is pushed again (at least once) and done.
+#[tokio::test]
+async fn a_store_fault_while_acking_a_push_is_survived_and_the_message_is_pushed_again() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let (s, store) = TestServer::start_with_faulty_store(
+        &push_config(&mock.url("/hook"), "", true, 3, "50ms"),
+        Arc::new(redrive_server::engine::SystemClock),
+    )
+    .await;
+    let mut signals = s.engine.signals().subscribe();
+    store.fail_acks(1);
+    let id = id_of(&s.publish("hooks", json!({"payload": {"n": 1}})).await);
+    let fault = tokio::time::timeout(
+        Duration::from_secs(10),
+        signals.wait_for(|sig| matches!(sig, redrive_server::engine::Signal::StoreFault { .. })),
+    )
+    .await
+    .expect("no StoreFault signal");
+    assert_eq!(
+        fault,
+        Some(redrive_server::engine::Signal::StoreFault {
+            queue: "hooks".into(),
+            operation: "ack",
+            count: 1
+        })
+    );
+    assert_eq!(store.acks_failed(), 1);
+    assert_eq!(mock.for_id(&id).len(), 1);
+    assert_eq!(s.message(&id).await["state"], "leased", "its ack was lost");
+    let done = until_state(&s, &id, "done").await;
+    assert_eq!(mock.for_id(&id).len(), 2, "pushed again after its lease");
+    assert!(
+        done["history"].to_string().contains("lease_expired"),
+        "the lost ack shows as an expired lease: {done}"
+    );
+    let metrics = s.get_text("/metrics").await.1;
+    let line = "redrive_consume_store_faults_total{queue=\"hooks\",operation=\"ack\"} 1";
+    assert!(metrics.contains(line), "{line} not in:\n{metrics}");
+    s.stop().await;
 }
 
 #[tokio::test]

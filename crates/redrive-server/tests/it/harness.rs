@@ -135,7 +135,30 @@ impl TestServer {
         toml_text: &str,
         clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
     ) -> TestServer {
-        Self::start_on(toml_text, clock, PgSchema::fresh()).await
+        Self::start_on(toml_text, clock, PgSchema::fresh(), |store| store).await
+    }
+
+    /// [`TestServer::start_with_clock`] over a store that fails on demand
+    /// ([`redrive_server::testing::FaultyStore`], answered too).
+    pub async fn start_with_faulty_store(
+        toml_text: &str,
+        clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
+    ) -> (
+        TestServer,
+        std::sync::Arc<redrive_server::testing::FaultyStore>,
+    ) {
+        let slot = std::sync::Arc::new(std::sync::OnceLock::new());
+        let wrap = {
+            let slot = slot.clone();
+            move |store| {
+                let faulty = std::sync::Arc::new(redrive_server::testing::FaultyStore::new(store));
+                let _ = slot.set(faulty.clone());
+                faulty as std::sync::Arc<dyn redrive_storage::Store>
+            }
+        };
+        let s = Self::start_on(toml_text, clock, PgSchema::fresh(), wrap).await;
+        let faulty = slot.get().expect("the store was wrapped").clone();
+        (s, faulty)
     }
 
     /// Start on PostgreSQL whatever the run: `REDRIVE_TEST_STORAGE_URL`, or the local
@@ -147,6 +170,7 @@ impl TestServer {
             toml_text,
             std::sync::Arc::new(redrive_server::engine::SystemClock),
             Some(PgSchema::fresh_at(url)),
+            |store| store,
         )
         .await
     }
@@ -163,6 +187,7 @@ impl TestServer {
                 schema: pg.schema.clone(),
                 owned: false,
             }),
+            |store| store,
         )
         .await
     }
@@ -171,6 +196,9 @@ impl TestServer {
         toml_text: &str,
         clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
         pg: Option<PgSchema>,
+        wrap: impl FnOnce(
+            std::sync::Arc<dyn redrive_storage::Store>,
+        ) -> std::sync::Arc<dyn redrive_storage::Store>,
     ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("redrive.toml");
@@ -185,7 +213,9 @@ impl TestServer {
             .map(|p| ("REDRIVE_STORAGE_SCHEMA".to_owned(), p.schema.clone()))
             .collect();
         let config = Config::load(Some(&path), env, &overrides).unwrap();
-        let server = Server::bind_with_clock(config, clock).await.unwrap();
+        let server = Server::bind_wrapping_store(config, clock, wrap)
+            .await
+            .unwrap();
         let addr = server.local_addr();
         let engine = server.engine().clone();
         let (tx, rx) = oneshot::channel::<()>();

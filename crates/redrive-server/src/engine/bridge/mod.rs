@@ -9,10 +9,12 @@
 //! - [`rabbitmq`]: behind a work queue's dead-letter exchange.
 //! - [`redis_streams`]: behind a stream's consumer group (pending entries idle too long).
 //!
-//! Every bridge is one task with its own connection: it reconnects with backoff (1 s
-//! doubling to 30 s) and resumes. The bridge is its redrive queue's only consumer (a lease
-//! on it is 409 `bridge_queue`). `GET /v1/bridges` and the `redrive_bridge_*` metrics show
-//! its state and counters.
+//! Every bridge is one task with its own connection: when its broker fails it reconnects
+//! with backoff (1 s doubling to 30 s) and resumes. A store fault is not the broker's: the
+//! republish's consume driver ([`super::consume`]) backs off and continues, and the intake
+//! leaves what it could not store to the broker (requeued, or still pending). The bridge is
+//! its redrive queue's only consumer (a lease on it is 409 `bridge_queue`).
+//! `GET /v1/bridges` and the `redrive_bridge_*` metrics show its state and counters.
 //!
 //! What a bridge takes in obeys the size limits of a publish ([`IntakeLimits`]): a message
 //! over one is not stored as it is, nor dropped. It is stored dead (`permanent_error`, the
@@ -261,8 +263,8 @@ impl Bridge {
         &self,
         engine: &Engine,
         returned: Returned,
-    ) -> Result<ReturnApplied, String> {
-        match engine.returned(vec![returned]).await.map_err(err)?.pop() {
+    ) -> Result<ReturnApplied, StoreError> {
+        match engine.returned(vec![returned]).await?.pop() {
             Some(Ok(Some(outcome))) => {
                 self.counters.returned.fetch_add(1, Ordering::Relaxed);
                 let dead =
@@ -274,8 +276,10 @@ impl Bridge {
                 Ok(ReturnApplied::Done(None))
             }
             Some(Err(StoreError::NotFound(_))) => Ok(ReturnApplied::Unknown),
-            Some(Err(e)) => Err(e.to_string()),
-            None => Err("no answer for a returned message".to_owned()),
+            Some(Err(e)) => Err(e),
+            None => Err(StoreError::Backend(
+                "no answer for a returned message".to_owned(),
+            )),
         }
     }
 
@@ -286,12 +290,12 @@ impl Bridge {
         &self,
         engine: &Engine,
         messages: Vec<NewMessage>,
-    ) -> Result<Vec<Option<Message>>, String> {
+    ) -> Result<Vec<Option<Message>>, StoreError> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
         let mut dead = Vec::new();
-        for p in engine.publish(messages).await.map_err(err)? {
+        for p in engine.publish(messages).await? {
             if p.replayed {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 dead.push(None);
@@ -310,7 +314,7 @@ impl Bridge {
         engine: &Engine,
         prefix: &str,
         taken: &[String],
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, StoreError> {
         let held = taken.iter().filter(|k| k.starts_with(prefix)).count();
         let limit = u32::try_from(held + 1).unwrap_or(u32::MAX);
         let keys = engine
@@ -321,8 +325,7 @@ impl Bridge {
                 limit,
                 engine.clock().for_store(),
             )
-            .await
-            .map_err(err)?;
+            .await?;
         Ok(keys
             .into_iter()
             .map(|(k, _)| k)
@@ -336,7 +339,7 @@ impl Bridge {
         &self,
         engine: &Engine,
         markers: Vec<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let mut all = std::mem::take(
             &mut *self
                 .unforgotten
@@ -356,7 +359,7 @@ impl Bridge {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .extend(all);
-            return Err(err(e));
+            return Err(e);
         }
         Ok(())
     }

@@ -40,7 +40,10 @@
 //! delivered (`republished` in its history; the message is `done` until it comes back); a
 //! nack, an unroutable return or a lost channel hands the lease back uncharged
 //! ([`Store::release`]) and the publish is tried again. A message the policy kills is dead
-//! in redrive (searchable, redrivable) and, with `dead_exchange`, published there too.
+//! in redrive (searchable, redrivable) and, with `dead_exchange`, published there too. The
+//! republish is a [`Deliverer`] of the consume driver ([`crate::engine::consume`]): a store
+//! fault while leasing or settling is backed off there and never reconnects the broker; the
+//! message whose ack was lost is republished again after its lease.
 //!
 //! The error of a rejection is `dead-lettered by RabbitMQ (<reason>)`: a reject carries no
 //! reason, and the `x-last-error` redrive itself put on a copy is not appended again, so
@@ -57,6 +60,9 @@
 
 use super::amqp_json::{properties_from_json, properties_to_json};
 use super::{base64_decode, base64_encode, err, identity, Bridge, IntakeLimits, ReturnApplied};
+use crate::engine::consume::{
+    self, CutShort, Deliverer, DelivererFault, LeaseAsk, Settlement, Settler,
+};
 use crate::engine::Engine;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
@@ -68,7 +74,7 @@ use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage};
-use redrive_storage::{Ack, LeaseRef, Release, Returned};
+use redrive_storage::{Ack, LeaseRef, Leased, Release, Returned};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -198,7 +204,13 @@ async fn serve(
     tracing::info!(bridge = %s.name, intake_queue = %s.intake_queue, queue = %s.queue, "bridge connected");
     // What has arrived is stored together: one store write (one fsync) for a batch.
     let mut batches = consumer.ready_chunks(usize::from(s.prefetch).max(1));
-    let republish = republish_loop(engine, bridge, s, &publish);
+    let republisher = Republisher {
+        engine,
+        bridge,
+        publish: &publish,
+    };
+    let consumer_name = format!("bridge {}", s.name);
+    let republish = consume::run(engine, &s.queue, &consumer_name, republisher, stop.clone());
     tokio::pin!(republish);
     loop {
         // A batch, once taken, is handled to its end (stored, acked, its markers
@@ -206,7 +218,7 @@ async fn serve(
         // so no marker outlives its ack.
         let batch = tokio::select! {
             b = batches.next() => b,
-            r = &mut republish => return r,
+            r = &mut republish => return r.map_err(|f| f.error),
             _ = stop.changed() => return Ok(()),
         };
         let Some(batch) = batch else { break };
@@ -214,7 +226,7 @@ async fn serve(
         // Markers left from an earlier batch go first: a redelivery must not match them.
         let taken = match bridge.forget_markers(engine, Vec::new()).await {
             Ok(()) => take_in(engine, bridge, s, &publish, &deliveries).await,
-            Err(e) => Err(e),
+            Err(e) => Err(err(e)),
         };
         match taken {
             Ok(markers) => {
@@ -397,7 +409,7 @@ async fn take_in(
     for d in deliveries {
         let intake = intake_of(s, d)?;
         if let Some(returned) = intake.returned {
-            match bridge.apply_return(engine, returned).await? {
+            match bridge.apply_return(engine, returned).await.map_err(err)? {
                 ReturnApplied::Done(dead) => {
                     if let Some(m) = dead {
                         bury(bridge, s, publish, &m).await;
@@ -409,7 +421,11 @@ async fn take_in(
         }
         let prefix = s.marker_prefix(&intake.identity);
         if d.redelivered {
-            if let Some(marker) = bridge.find_marker(engine, &prefix, &markers).await? {
+            if let Some(marker) = bridge
+                .find_marker(engine, &prefix, &markers)
+                .await
+                .map_err(err)?
+            {
                 // Stored before a crash or a lost connection kept it from being acked.
                 bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 markers.push(marker);
@@ -423,7 +439,7 @@ async fn take_in(
         refused.push(intake.refused.then_some(d));
         news.push(message);
     }
-    let stored = bridge.store(engine, news).await?;
+    let stored = bridge.store(engine, news).await.map_err(err)?;
     for (dead, original) in stored.iter().zip(refused) {
         match (dead, original) {
             (Some(m), Some(d)) => bury_refused(bridge, s, publish, m, d).await,
@@ -626,97 +642,133 @@ fn json_body(m: &Message, payload: &serde_json::Value) -> Vec<u8> {
     payload.to_string().into_bytes()
 }
 
-/// Lease due messages and republish them with confirms, until the channel fails.
-async fn republish_loop(
-    engine: &Arc<Engine>,
-    bridge: &Arc<Bridge>,
-    s: &RabbitSettings,
-    publish: &Channel,
-) -> Result<(), String> {
-    loop {
-        let leased = engine
-            .lease(
-                &s.queue,
-                REPUBLISH_BATCH,
-                None,
-                Some(REPUBLISH_LEASE_MS),
-                1_000,
-            )
-            .await
-            .map_err(err)?;
+/// The republish, as a [`Deliverer`] of the consume driver: leases due messages and
+/// republishes them with confirms. Its fault is the channel's: a store fault is the
+/// driver's to survive, never a reason to reconnect.
+struct Republisher<'a> {
+    engine: &'a Arc<Engine>,
+    bridge: &'a Arc<Bridge>,
+    publish: &'a Channel,
+}
+
+impl Deliverer for Republisher<'_> {
+    async fn admit(&mut self) -> LeaseAsk {
+        LeaseAsk {
+            max: REPUBLISH_BATCH,
+            lease_ms: REPUBLISH_LEASE_MS,
+        }
+    }
+
+    /// Publish the batch, then await its confirms together: a broker ack makes the message
+    /// `republished`; a nack, an unroutable return or no confirm in time hands it back
+    /// (due again in [`REPUBLISH_RETRY_MS`]). A lost channel hands back what it did not
+    /// confirm, and ends the session.
+    async fn deliver(
+        &mut self,
+        leased: Vec<Leased>,
+        _settler: &Settler,
+    ) -> Result<Vec<Settlement>, CutShort> {
+        let engine = self.engine;
+        let retry_at = || engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
+        let mut settle = Vec::with_capacity(leased.len());
         let mut sent = Vec::with_capacity(leased.len());
+        let mut fault = None;
+        let mut back = Vec::new();
         for l in leased {
             let lease = LeaseRef {
                 id: l.message.id,
                 token: l.token.clone(),
             };
+            if fault.is_some() {
+                back.push(lease);
+                continue;
+            }
             let (exchange, routing_key, props, body) = match rebuild(&l.message) {
                 Ok(r) => r,
                 Err(why) => {
                     // It cannot be sent as it came: a permanent failure, findable.
-                    engine.reject(lease, why).await.map_err(err)?;
+                    settle.push(Settlement::reject(lease, why));
                     continue;
                 }
             };
-            let mut headers = props.headers().clone().unwrap_or_default();
-            let id = l.message.id.to_string();
-            headers.insert(
-                ShortString::from("x-redrive-id"),
-                AMQPValue::LongString(LongString::from(id.into_bytes())),
-            );
-            headers.insert(
-                ShortString::from("x-redrive-attempt"),
-                AMQPValue::LongLongInt(i64::from(l.attempt)),
-            );
-            headers.insert(
-                ShortString::from("x-retry-count"),
-                AMQPValue::LongLongInt(i64::from(l.attempt.saturating_sub(1))),
-            );
-            headers.insert(
-                ShortString::from("x-first-failure-time"),
-                AMQPValue::LongString(LongString::from(
-                    l.message.created_at.to_rfc3339().into_bytes(),
-                )),
-            );
-            if let Some(e) = l
-                .message
-                .last_error
-                .as_ref()
-                .and_then(|e| e.message.clone())
-            {
-                headers.insert(
-                    ShortString::from("x-last-error"),
-                    AMQPValue::LongString(LongString::from(e.into_bytes())),
-                );
-            }
-            let props = props.with_headers(headers);
+            let props = copy_properties(&l, props);
             // Published now, confirmed below: the batch's confirms are awaited together.
-            let confirm = send(publish, &exchange, &routing_key, &body, props).await?;
-            sent.push((lease, confirm));
-        }
-        let (mut acks, mut releases) = (Vec::new(), Vec::new());
-        for (lease, confirm) in sent {
-            if confirmed(confirm).await? {
-                bridge.counters.republished.fetch_add(1, Ordering::Relaxed);
-                acks.push(Ack::republished(lease));
-            } else {
-                bridge
-                    .counters
-                    .republish_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                let until = engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
-                releases.push(Release::by_redrive(lease, until));
+            match send(self.publish, &exchange, &routing_key, &body, props).await {
+                Ok(confirm) => sent.push((lease, confirm)),
+                Err(e) => {
+                    fault = Some(e);
+                    back.push(lease);
+                }
             }
         }
-        // The consumer may already have rejected a copy (the return wins): its ack is then
-        // refused, as it should be.
-        if !acks.is_empty() {
-            engine.ack(acks).await.map_err(err)?;
+        let counters = &self.bridge.counters;
+        for (lease, confirm) in sent {
+            match confirmed(confirm).await {
+                // The consumer may already have rejected the copy (the return wins): this
+                // ack is then refused, as it should be.
+                Ok(true) => {
+                    counters.republished.fetch_add(1, Ordering::Relaxed);
+                    settle.push(Settlement::Ack(Ack::republished(lease)));
+                }
+                Ok(false) => {
+                    counters.republish_refused.fetch_add(1, Ordering::Relaxed);
+                    settle.push(Settlement::Release(Release::by_redrive(lease, retry_at())));
+                }
+                Err(e) => {
+                    fault.get_or_insert(e);
+                    back.push(lease);
+                }
+            }
         }
-        if !releases.is_empty() {
-            engine.release(releases).await.map_err(err)?;
+        settle.extend(
+            back.into_iter()
+                .map(|lease| Settlement::Release(Release::by_redrive(lease, retry_at()))),
+        );
+        match fault {
+            None => Ok(settle),
+            Some(e) => Err(CutShort {
+                fault: DelivererFault::new(e),
+                settle,
+            }),
         }
     }
+}
+
+/// The properties of a republished copy: the stored ones with `x-redrive-id`,
+/// `x-redrive-attempt`, `x-retry-count`, `x-first-failure-time` and `x-last-error`.
+fn copy_properties(l: &Leased, props: BasicProperties) -> BasicProperties {
+    let mut headers = props.headers().clone().unwrap_or_default();
+    let id = l.message.id.to_string();
+    headers.insert(
+        ShortString::from("x-redrive-id"),
+        AMQPValue::LongString(LongString::from(id.into_bytes())),
+    );
+    headers.insert(
+        ShortString::from("x-redrive-attempt"),
+        AMQPValue::LongLongInt(i64::from(l.attempt)),
+    );
+    headers.insert(
+        ShortString::from("x-retry-count"),
+        AMQPValue::LongLongInt(i64::from(l.attempt.saturating_sub(1))),
+    );
+    headers.insert(
+        ShortString::from("x-first-failure-time"),
+        AMQPValue::LongString(LongString::from(
+            l.message.created_at.to_rfc3339().into_bytes(),
+        )),
+    );
+    if let Some(e) = l
+        .message
+        .last_error
+        .as_ref()
+        .and_then(|e| e.message.clone())
+    {
+        headers.insert(
+            ShortString::from("x-last-error"),
+            AMQPValue::LongString(LongString::from(e.into_bytes())),
+        );
+    }
+    props.with_headers(headers)
 }
 
 /// Publish (mandatory, on a confirm channel); the confirm is awaited with [`confirmed`].

@@ -21,7 +21,10 @@
 //! - **Retry.** When due, the bridge adds a copy to the stream (`XADD`) with the fields
 //!   `redrive-retry-count`, `redrive-id` and `redrive-attempt`: the group's consumers read
 //!   it as a new entry. The message is `done` (`republished` in its history) until the copy
-//!   comes back.
+//!   comes back. The republish is a [`Deliverer`] of the consume driver
+//!   ([`crate::engine::consume`]): a store fault while leasing or settling is backed off
+//!   there and never reconnects; a store fault while taking an entry in leaves it pending
+//!   (not `XACK`ed), claimed again at the next poll.
 //! - **Return.** A copy left unacked is claimed like any entry and matched by `redrive-id`
 //!   and `redrive-attempt` to its message ([`Store::returned`]: one more failed attempt,
 //!   applied once).
@@ -33,11 +36,14 @@
 //! [`Store::returned`]: redrive_storage::Store::returned
 
 use super::{base64_decode, base64_encode, err, Bridge, IntakeLimits, ReturnApplied, H_REFUSED};
+use crate::engine::consume::{
+    self, CutShort, Deliverer, DelivererFault, LeaseAsk, Settlement, Settler,
+};
 use crate::engine::Engine;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage};
-use redrive_storage::{Ack, LeaseRef, Release, Returned};
+use redrive_storage::{Ack, LeaseRef, Leased, Release, Returned, StoreError};
 use serde_json::{Map, Value as Json};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -47,6 +53,13 @@ use tokio::sync::watch;
 
 /// A lease of a republish lasts this long.
 const REPUBLISH_LEASE_MS: u64 = 60_000;
+/// Messages leased and republished together.
+const REPUBLISH_BATCH: u32 = 16;
+/// After a failed republish, the message is due again this much later.
+const REPUBLISH_RETRY_MS: u64 = 1_000;
+/// After a store fault while taking entries in, the next claim waits this long (the
+/// entries stay pending meanwhile, and are claimed again).
+const INTAKE_BACKOFF: Duration = Duration::from_secs(1);
 /// Pending entries claimed per poll at most.
 const CLAIM_BATCH: u32 = 100;
 /// Stored headers of a bridged entry.
@@ -120,6 +133,14 @@ pub(super) async fn session(
     bridge.set_state("connected", None);
     tracing::info!(bridge = %s.name, stream = %s.stream, group = %s.group, queue = %s.queue, "bridge connected");
     let poll = Duration::from_millis((s.min_idle_ms / 2).clamp(20, 1_000));
+    let republisher = Republisher {
+        bridge,
+        s,
+        engine,
+        conn: conn.clone(),
+    };
+    let consumer_name = format!("bridge {}", s.name);
+    let republish_stop = stop.clone();
     let claim_loop = async {
         let mut conn = conn.clone();
         loop {
@@ -131,7 +152,9 @@ pub(super) async fn session(
     };
     tokio::select! {
         r = claim_loop => r,
-        r = republish_loop(engine, bridge, s, conn.clone()) => r,
+        r = consume::run(engine, &s.queue, &consumer_name, republisher, republish_stop) => {
+            r.map_err(|f| f.error)
+        }
         _ = stop.changed() => Ok(()),
     }
 }
@@ -235,7 +258,15 @@ async fn claim(
             })
             .collect();
         let count = deliveries.get(&id).copied().unwrap_or(1);
-        take_in(engine, bridge, s, conn, &id, fields, count).await?;
+        if let Err(e) = take_in(engine, bridge, s, conn, &id, fields, count).await {
+            // A store fault, not the broker's: the entry is not acked, so it stays pending
+            // and is claimed again; the connection is kept.
+            tracing::error!(bridge = %s.name, queue = %s.queue, entry = %id, error = %e,
+                "could not store a claimed entry (a store fault); it stays pending and is claimed again");
+            engine.metrics().consume_store_fault(&s.queue, "intake");
+            tokio::time::sleep(INTAKE_BACKOFF).await;
+            return Ok(taken);
+        }
         redis::cmd("XACK")
             .arg(&s.stream)
             .arg(&s.group)
@@ -257,7 +288,7 @@ async fn take_in(
     entry: &str,
     fields: Fields,
     deliveries: i64,
-) -> Result<(), String> {
+) -> Result<(), StoreError> {
     let field = |k: &str| {
         fields
             .iter()
@@ -458,28 +489,51 @@ async fn add(
     Ok(())
 }
 
-/// Lease due messages and add their copies to the stream, until the connection fails.
-async fn republish_loop(
-    engine: &Arc<Engine>,
-    bridge: &Arc<Bridge>,
-    s: &RedisSettings,
-    mut conn: MultiplexedConnection,
-) -> Result<(), String> {
-    loop {
-        let leased = engine
-            .lease(&s.queue, 16, None, Some(REPUBLISH_LEASE_MS), 1_000)
-            .await
-            .map_err(err)?;
+/// The republish, as a [`Deliverer`] of the consume driver: leases due messages and adds
+/// their copies to the stream. Its fault is the connection's: a store fault is the
+/// driver's to survive, never a reason to reconnect.
+struct Republisher<'a> {
+    bridge: &'a Arc<Bridge>,
+    s: &'a RedisSettings,
+    engine: &'a Arc<Engine>,
+    conn: MultiplexedConnection,
+}
+
+impl Deliverer for Republisher<'_> {
+    async fn admit(&mut self) -> LeaseAsk {
+        LeaseAsk {
+            max: REPUBLISH_BATCH,
+            lease_ms: REPUBLISH_LEASE_MS,
+        }
+    }
+
+    /// `XADD` a copy of each: added, the message is `republished`. A failed `XADD` hands
+    /// it and the rest of the batch back (due again in [`REPUBLISH_RETRY_MS`]) and ends the
+    /// session.
+    async fn deliver(
+        &mut self,
+        leased: Vec<Leased>,
+        _settler: &Settler,
+    ) -> Result<Vec<Settlement>, CutShort> {
+        let engine = self.engine;
+        let retry_at = || engine.clock().now().plus_ms(REPUBLISH_RETRY_MS);
+        let counters = &self.bridge.counters;
+        let mut settle = Vec::with_capacity(leased.len());
+        let mut fault = None;
         for l in leased {
             let lease = LeaseRef {
                 id: l.message.id,
                 token: l.token.clone(),
             };
+            if fault.is_some() {
+                settle.push(Settlement::Release(Release::by_redrive(lease, retry_at())));
+                continue;
+            }
             let mut fields = match fields_of(&l.message) {
                 Ok(f) => f,
                 Err(why) => {
                     // It cannot be sent as it came: a permanent failure, findable.
-                    engine.reject(lease, why).await.map_err(err)?;
+                    settle.push(Settlement::reject(lease, why));
                     continue;
                 }
             };
@@ -495,25 +549,26 @@ async fn republish_loop(
                 F_ATTEMPT.as_bytes().to_vec(),
                 l.attempt.to_string().into_bytes(),
             ));
-            match add(&mut conn, &s.stream, &fields).await {
+            match add(&mut self.conn, &self.s.stream, &fields).await {
                 Ok(()) => {
-                    bridge.counters.republished.fetch_add(1, Ordering::Relaxed);
+                    counters.republished.fetch_add(1, Ordering::Relaxed);
                     // A copy read and left unacked comes back as a return; this ack may
                     // then be refused, as it should be.
-                    let _ = engine.ack(vec![Ack::republished(lease)]).await;
+                    settle.push(Settlement::Ack(Ack::republished(lease)));
                 }
                 Err(e) => {
-                    bridge
-                        .counters
-                        .republish_refused
-                        .fetch_add(1, Ordering::Relaxed);
-                    let until = engine.clock().now().plus_ms(1_000);
-                    let _ = engine
-                        .release(vec![Release::by_redrive(lease, until)])
-                        .await;
-                    return Err(e);
+                    counters.republish_refused.fetch_add(1, Ordering::Relaxed);
+                    settle.push(Settlement::Release(Release::by_redrive(lease, retry_at())));
+                    fault = Some(e);
                 }
             }
+        }
+        match fault {
+            None => Ok(settle),
+            Some(e) => Err(CutShort {
+                fault: DelivererFault::new(e),
+                settle,
+            }),
         }
     }
 }
