@@ -239,8 +239,16 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Ask the database `SELECT 1` every [`PROBE_EVERY`], and record whether it answered, so
 /// that [`Store::health`] (and `/readyz`) says `Unavailable` while it is down or unreachable
 /// and `Ok` again, by itself, once it is back.
+///
+/// It also keeps the wake hint at most [`PROBE_EVERY`] ahead: leases taken on another node
+/// send no notice (a NOTIFY per claim would cost every claim's commit), so without it a
+/// node that died would leave its leases unexpired until some write here woke the
+/// scheduler. With it, every node ticks at least once a second, and a dead node's leases
+/// are failed within a second of their expiry (SPEC §13: polling of at most 1 s).
 async fn probe(inner: Arc<Inner>) {
     loop {
+        let soon = Timestamp::now().as_millis() + PROBE_EVERY.as_millis() as i64;
+        inner.due_elsewhere(soon);
         let answer = tokio::time::timeout(PROBE_EVERY * 2, async {
             let client = inner.pool.get().await.map_err(|e| e.to_string())?;
             client

@@ -22,9 +22,12 @@
 //! - `postgres_connections_terminated_mid_load`: the server's connections (found by the
 //!   `application_name` its URL sets) terminated with `pg_terminate_backend` three times
 //!   under load; the server recovers by itself and nothing answered 2xx is lost.
+//! - `a_killed_leader_is_replaced_and_its_leases_come_back`: two nodes on one schema; the
+//!   leader, holding leases, is killed with `kill -9`. The other leads within the
+//!   leadership lease + 1 s and delivers the leased messages again within their lease + 1 s.
 //!
 //! The figures go to stdout (`-- --nocapture`): `pg crash test:`, `pg restart test:`, `pg
-//! terminate test:`.
+//! terminate test:`, `pg failover test:`.
 
 mod common;
 
@@ -550,4 +553,154 @@ async fn postgres_connections_terminated_mid_load() {
     assert_eq!(lost, 0, "acknowledged publishes lost");
     assert_eq!(acked_not_done, 0, "acked messages not done");
     assert_eq!(l.acked_redelivered, 0, "acked messages delivered again");
+}
+
+/// Two nodes of one cluster (one schema): kill -9 the leader while it holds leases. The
+/// other node leads within the leadership lease + 1 s (it beats every 200 ms, the lease is
+/// 2 s) and delivers the killed node's leased messages again within their lease + 1 s (its
+/// scheduler ticks at least once a second on a shared store, so it expires leases it never
+/// heard of; the queue retries at once, as `crash.rs`'s). Figures: `pg failover test:`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_leader_is_replaced_and_its_leases_come_back() {
+    const LEADER_LEASE_MS: u64 = 2_000;
+    const MESSAGE_LEASE_MS: u64 = 3_000;
+    let _pg = PG.lock().await;
+    ensure_pg_up();
+    let schema = Schema::fresh();
+    let client = http_client();
+    let config = format!(
+        "storage_schema = \"{}\"\n[cluster]\nheartbeat_interval = \"200ms\"\nleader_lease = \"{LEADER_LEASE_MS}ms\"\n{QUEUES}",
+        schema.0
+    );
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut nodes: Vec<Node> = dirs
+        .iter()
+        .map(|d| {
+            start_with(
+                d.path(),
+                &d.path().join("data"),
+                free_port(),
+                &config,
+                &["--storage-url", PG_URL],
+            )
+        })
+        .collect();
+    for n in &mut nodes {
+        assert!(wait_ready(&client, n).await, "a node did not start");
+    }
+    let cluster = |base: String| {
+        let client = client.clone();
+        async move {
+            answer(client.get(format!("{base}/v1/cluster")))
+                .await
+                .filter(|(s, _)| *s == 200)
+                .map(|(_, v)| v)
+        }
+    };
+    // Both nodes listed, one leader.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader_name = loop {
+        if let Some(c) = cluster(nodes[0].base.clone()).await {
+            let live = c["nodes"]
+                .as_array()
+                .map_or(0, |n| n.iter().filter(|n| n["live"] == true).count());
+            if live == 2 && !c["leader"].is_null() {
+                break c["leader"]["node"].as_str().unwrap().to_owned();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no two-node cluster with a leader within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let leader_ix = nodes
+        .iter()
+        .position(|n| n.base.ends_with(leader_name.rsplit(':').next().unwrap()))
+        .expect("the leader is one of the nodes");
+    let other = 1 - leader_ix;
+    // The leader holds leases of 10 messages.
+    let api =
+        |base: &str| redrive_client::Client::with_http(base, client.clone()).expect("a server URL");
+    let leader_api = api(&nodes[leader_ix].base);
+    let items: Vec<redrive_client::Publish> = (0..10)
+        .map(|i| redrive_client::Publish::new(json!({ "i": i })))
+        .collect();
+    leader_api
+        .publish_batch(QUEUE, &items)
+        .await
+        .expect("publish");
+    let ids: Vec<String> = leader_api
+        .lease(
+            QUEUE,
+            &redrive_client::LeaseRequest {
+                max: Some(10),
+                lease: Some(format!("{MESSAGE_LEASE_MS}ms")),
+                wait: None,
+            },
+        )
+        .await
+        .expect("lease")
+        .into_iter()
+        .map(|m| m.id.to_string())
+        .collect();
+    assert_eq!(ids.len(), 10);
+    let killed = Instant::now();
+    nodes[leader_ix].child.kill().unwrap();
+    nodes[leader_ix].child.wait().unwrap();
+    // The other node takes over.
+    let took_over = loop {
+        if let Some(c) = cluster(nodes[other].base.clone()).await {
+            if !c["leader"].is_null() && c["leader"]["node"] != leader_name.as_str() {
+                break killed.elapsed();
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(LEADER_LEASE_MS + 5_000),
+            "no new leader 5 s after the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // And delivers the killed node's leased messages again.
+    let mut again = std::collections::HashSet::new();
+    let other_api = api(&nodes[other].base);
+    let redelivered = loop {
+        let ask = redrive_client::LeaseRequest {
+            max: Some(10),
+            lease: None,
+            wait: Some("200ms".into()),
+        };
+        if let Ok(got) = other_api.lease(QUEUE, &ask).await {
+            again.extend(got.into_iter().map(|m| m.id.to_string()));
+        }
+        if again.len() == ids.len() {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(MESSAGE_LEASE_MS + 5_000),
+            "only {} of the killed node's 10 leased messages came back 5 s after their lease",
+            again.len()
+        );
+    };
+    assert!(ids.iter().all(|id| again.contains(id)));
+    println!(
+        "pg failover test: leader kill -9'd; a new leader {:.0} ms later (leadership lease {LEADER_LEASE_MS} ms, \
+         heartbeat 200 ms); its 10 leased messages delivered again by the other node {:.0} ms later (message lease {MESSAGE_LEASE_MS} ms)",
+        took_over.as_secs_f64() * 1e3,
+        redelivered.as_secs_f64() * 1e3
+    );
+    assert!(
+        took_over <= Duration::from_millis(LEADER_LEASE_MS + 1_000),
+        "a new leader took {took_over:?}: more than the leadership lease + 1 s"
+    );
+    assert!(
+        redelivered <= Duration::from_millis(MESSAGE_LEASE_MS + 1_000),
+        "the leased messages came back after {redelivered:?}: more than their lease + 1 s"
+    );
+    for n in &mut nodes {
+        let _ = n.child.kill();
+        let _ = n.child.wait();
+    }
+    drop(nodes);
+    schema.drop_now();
 }
