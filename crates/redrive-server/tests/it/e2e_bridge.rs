@@ -585,20 +585,7 @@ async fn a_store_fault_while_acking_a_redis_copy_keeps_the_connection_and_the_co
     }
     assert_eq!(store.acks_failed(), 1, "the ack of the copy never ran");
     assert_eq!(seen, 1, "the copy reached the group");
-    let fault = tokio::time::timeout(
-        Duration::from_secs(10),
-        signals.wait_for(|sig| matches!(sig, redrive_server::engine::Signal::StoreFault { .. })),
-    )
-    .await
-    .expect("no StoreFault signal");
-    assert_eq!(
-        fault,
-        Some(redrive_server::engine::Signal::StoreFault {
-            queue: queue.clone(),
-            operation: "ack",
-            count: 1
-        })
-    );
+    crate::harness::ack_fault_reported(&mut signals, &queue).await;
     let m = &messages_of(&s, &queue).await[0];
     assert_eq!(m["state"], "leased", "its ack was lost: {m}");
     let (_, b) = s.get("/v1/bridges").await;
@@ -619,14 +606,7 @@ async fn a_store_fault_while_acking_a_redis_copy_keeps_the_connection_and_the_co
         "the message was not delivered again after its lease"
     );
     let id = m["id"].as_str().unwrap().to_owned();
-    for _ in 0..500 {
-        if s.message(&id).await["state"] == "done" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let full = s.message(&id).await;
-    assert_eq!(full["state"], "done", "{full}");
+    let full = s.done_message(&id).await;
     assert!(
         full["history"].to_string().contains("lease_expired"),
         "the lost ack shows as an expired lease: {full}"
@@ -888,20 +868,7 @@ async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_cop
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(store.acks_failed(), 1, "the ack of the republish never ran");
-    let fault = tokio::time::timeout(
-        Duration::from_secs(10),
-        signals.wait_for(|sig| matches!(sig, redrive_server::engine::Signal::StoreFault { .. })),
-    )
-    .await
-    .expect("no StoreFault signal");
-    assert_eq!(
-        fault,
-        Some(redrive_server::engine::Signal::StoreFault {
-            queue: t.queue.clone(),
-            operation: "ack",
-            count: 1
-        })
-    );
+    crate::harness::ack_fault_reported(&mut signals, &t.queue).await;
     assert_eq!(copies(), 2, "the copy reached the consumer");
     let m = &messages_of(&s, &t.queue).await[0];
     assert_eq!(m["state"], "leased", "its ack was lost: {m}");
@@ -928,14 +895,7 @@ async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_cop
         "the message was not delivered again after its lease"
     );
     let id = m["id"].as_str().unwrap().to_owned();
-    for _ in 0..500 {
-        if s.message(&id).await["state"] == "done" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let full = s.message(&id).await;
-    assert_eq!(full["state"], "done", "{full}");
+    let full = s.done_message(&id).await;
     let events: Vec<&str> = full["history"]
         .as_array()
         .unwrap()

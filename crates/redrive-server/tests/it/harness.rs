@@ -411,6 +411,19 @@ impl TestServer {
         pg
     }
 
+    /// The message `id` once it is `done` (asserted; polled for at most 10 s).
+    pub async fn done_message(&self, id: &str) -> Value {
+        for _ in 0..500 {
+            if self.message(id).await["state"] == "done" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let full = self.message(id).await;
+        assert_eq!(full["state"], "done", "{full}");
+        full
+    }
+
     /// Graceful stop, waiting for the store to close.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
@@ -420,6 +433,26 @@ impl TestServer {
             t.await.unwrap();
         }
     }
+}
+
+/// Wait (at most 10 s) for the consume driver's report that the ack of one message of
+/// `queue` failed in the store (`Signal::StoreFault`), and check it says exactly that.
+pub async fn ack_fault_reported(signals: &mut redrive_server::engine::SignalReceiver, queue: &str) {
+    use redrive_server::engine::Signal;
+    let fault = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        signals.wait_for(|sig| matches!(sig, Signal::StoreFault { .. })),
+    )
+    .await
+    .expect("no StoreFault signal");
+    assert_eq!(
+        fault,
+        Some(Signal::StoreFault {
+            queue: queue.into(),
+            operation: "ack",
+            count: 1
+        })
+    );
 }
 
 /// The `id` of a message body.
