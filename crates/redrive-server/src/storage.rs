@@ -60,6 +60,7 @@ pub async fn open_store(
             let mut opts = PostgresOptions::new(url.clone());
             opts.schema = config.storage_schema.clone();
             opts.pool_size = config.storage_pool_size;
+            opts.notify = config.storage_notify;
             opts.store = shared(config, metrics);
             // What the SQL function publish(…) checks: the HTTP publish's own limits.
             opts.sql_publish = SqlPublishLimits {

@@ -640,15 +640,34 @@ pub struct ReadyNotice {
 pub struct Notifier {
     due: watch::Receiver<Option<Timestamp>>,
     ready: broadcast::Sender<ReadyNotice>,
+    recheck: Option<std::time::Duration>,
 }
 
 impl Notifier {
-    /// A notifier over a backend's channels.
+    /// A notifier over a backend's channels, for a store no other process shares.
     pub fn new(
         due: watch::Receiver<Option<Timestamp>>,
         ready: broadcast::Sender<ReadyNotice>,
     ) -> Self {
-        Self { due, ready }
+        Self {
+            due,
+            ready,
+            recheck: None,
+        }
+    }
+
+    /// For a store other processes share: notices of messages made ready elsewhere may be
+    /// late, lost or off (`storage_notify = false`), so a waiter looks again at least every
+    /// `every` ([`Notifier::recheck`]).
+    pub fn shared(mut self, every: std::time::Duration) -> Self {
+        self.recheck = Some(every);
+        self
+    }
+
+    /// How often a long poll must look at its queue again whatever it was told (`None`: a
+    /// store no other process shares, whose every write the process sees).
+    pub fn recheck(&self) -> Option<std::time::Duration> {
+        self.recheck
     }
 
     /// When the next tick is due.

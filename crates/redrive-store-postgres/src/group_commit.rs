@@ -277,7 +277,9 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
         drop(tx);
         return again;
     }
-    if let Err(e) = crate::notify::send(&tx, &inner.channel, inner.epoch, &ctx.ready).await {
+    if let Err(e) =
+        crate::notify::send(&tx, inner.channel.as_deref(), inner.epoch, &ctx.ready).await
+    {
         // Nothing committed: every job of the batch fails like a broken statement (and goes
         // again when the connection was lost).
         let e = match e {

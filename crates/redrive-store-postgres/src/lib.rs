@@ -156,6 +156,11 @@ pub struct PostgresOptions {
     /// What the SQL function `publish(…)` checks (transactional enqueue,
     /// `sql_publish.rs`): the server's limits, recorded in the schema at open.
     pub sql_publish: SqlPublishLimits,
+    /// Tell the other nodes of messages made ready (NOTIFY) and listen for theirs (LISTEN),
+    /// on by default. Off for a connection pooler in transaction mode (PgBouncer), which
+    /// cannot keep a LISTEN: other nodes then see a publish within [`PROBE_EVERY`] (every
+    /// long poll looks again that often on a shared store, `Notifier::recheck`).
+    pub notify: bool,
 }
 
 impl std::fmt::Debug for PostgresOptions {
@@ -180,6 +185,7 @@ impl PostgresOptions {
             store: StoreOptions::default(),
             group_commit: true,
             sql_publish: SqlPublishLimits::default(),
+            notify: true,
         }
     }
 }
@@ -290,8 +296,8 @@ pub(crate) struct Inner {
     /// the listener (`notify::listen`).
     ready_tx: tokio::sync::broadcast::Sender<ReadyNotice>,
     /// The schema's LISTEN/NOTIFY channel (`notify.rs`); notices carry `epoch` as the
-    /// sender, so a store skips its own.
-    pub channel: String,
+    /// sender, so a store skips its own. `None` with [`PostgresOptions::notify`] off.
+    pub channel: Option<String>,
     stats: Mutex<CommitStats>,
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Why the database cannot be reached now, as the last probe found (`probe`).
@@ -445,7 +451,7 @@ macro_rules! write_tx {
                         r
                     }
                     .map_err(|e| (e, false))?;
-                    notify::send(&$tx, &store.inner.channel, store.inner.epoch, &ctx.ready)
+                    notify::send(&$tx, store.inner.channel.as_deref(), store.inner.epoch, &ctx.ready)
                         .await
                         .map_err(|e| (e, false))?;
                     let started = Instant::now();
@@ -583,7 +589,7 @@ impl PostgresStore {
             rotation: AtomicUsize::new(0),
             wake_tx: watch::Sender::new(wake.map(Timestamp::from_millis)),
             ready_tx: tokio::sync::broadcast::Sender::new(1024),
-            channel: notify::channel(&opts.schema),
+            channel: opts.notify.then(|| notify::channel(&opts.schema)),
             stats: Mutex::new(CommitStats::default()),
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
@@ -591,7 +597,12 @@ impl PostgresStore {
         });
         let prober = tokio::spawn(probe(inner.clone()));
         let (listening_tx, mut listening) = watch::channel(false);
-        let listener = tokio::spawn(notify::listen(listen_cfg, inner.clone(), listening_tx));
+        let listener = if opts.notify {
+            tokio::spawn(notify::listen(listen_cfg, inner.clone(), listening_tx))
+        } else {
+            let _ = listening_tx.send(true);
+            tokio::spawn(async {})
+        };
         // Listening before the store is handed out: a notice sent right after the open (by
         // another node) reaches it. Not a condition of opening: notices are hints.
         if tokio::time::timeout(CONNECTION_TIMEOUT, listening.wait_for(|l| *l))
@@ -1069,6 +1080,7 @@ impl Store for PostgresStore {
 
     fn notifier(&self) -> Notifier {
         Notifier::new(self.inner.wake_tx.subscribe(), self.inner.ready_tx.clone())
+            .shared(PROBE_EVERY)
     }
 
     fn health(&self) -> Health {

@@ -26,13 +26,17 @@ pub fn channel(schema: &str) -> String {
     format!("redrive_{schema}")
 }
 
-/// Send the notices of one transaction (queue → how many became ready), from store `node`.
+/// Send the notices of one transaction (queue → how many became ready), from store `node`;
+/// nothing without a channel (notices off).
 pub async fn send(
     tx: &tokio_postgres::Transaction<'_>,
-    channel: &str,
+    channel: Option<&str>,
     node: u64,
     ready: &[(String, u32)],
 ) -> Result<(), E> {
+    let Some(channel) = channel else {
+        return Ok(());
+    };
     if ready.is_empty() {
         return Ok(());
     }
@@ -83,7 +87,10 @@ pub async fn listen(
     inner: Arc<Inner>,
     listening_now: watch::Sender<bool>,
 ) {
-    let (channel, node) = (inner.channel.clone(), inner.epoch);
+    let Some(channel) = inner.channel.clone() else {
+        return;
+    };
+    let node = inner.epoch;
     loop {
         match cfg.connect(NoTls).await {
             Ok((client, mut conn)) => {

@@ -14,7 +14,7 @@
 //! - this file: [`Config`], its defaults, [`Config::load`] (file ← environment ← flags),
 //!   [`ConfigError`], the order of [`Config::validate`], [`Config::engine_config`];
 //! - `storage.rs`: which store and what it is opened with (`storage_url`, `storage_schema`,
-//!   `storage_pool_size`, `data_dir`, `durability`, `idempotency_window`, `max_wal_bytes`),
+//!   `storage_pool_size`, `storage_notify`, `data_dir`, `durability`, `idempotency_window`, `max_wal_bytes`),
 //!   the one file that names a store crate;
 //! - `http.rs`: `listen`, the refusal of a public listen without a token, `allowed_hosts`,
 //!   `allowed_origins`;
@@ -99,6 +99,8 @@ pub struct Config {
     pub storage_schema: String,
     /// PostgreSQL: connections in the pool.
     pub storage_pool_size: usize,
+    /// PostgreSQL: LISTEN/NOTIFY between the nodes (off behind a pooler in transaction mode).
+    pub storage_notify: bool,
     /// Directory of the embedded store.
     pub data_dir: PathBuf,
     /// `fsync` (default) or `unsafe-buffered`.
@@ -164,6 +166,7 @@ impl Default for Config {
             storage_url: None,
             storage_schema: "redrive".to_owned(),
             storage_pool_size: 16,
+            storage_notify: true,
             data_dir: PathBuf::from("./redrive-data"),
             durability: DurabilityName::Fsync,
             api_tokens: Vec::new(),
@@ -201,6 +204,7 @@ const ENV_KEYS: &[&str] = &[
     "storage_url",
     "storage_schema",
     "storage_pool_size",
+    "storage_notify",
     "data_dir",
     "durability",
     "api_tokens",

@@ -1,6 +1,6 @@
 //! The storage section: which store, and what it is opened with. `storage_url` (absent: the
-//! embedded store; `postgres://…`: PostgreSQL), `storage_schema` and `storage_pool_size`
-//! (PostgreSQL), `data_dir`, `durability` and `max_wal_bytes` (the embedded store) and
+//! embedded store; `postgres://…`: PostgreSQL), `storage_schema`, `storage_pool_size` and
+//! `storage_notify` (PostgreSQL), `data_dir`, `durability` and `max_wal_bytes` (the embedded store) and
 //! `idempotency_window` are top-level keys of [`Config`]; with the queue catalog
 //! (`Config::catalog`) they make the store's options in `crate::storage::open_store`. What the
 //! store's own crate decides for them (the `max_wal_bytes` default and floor, the

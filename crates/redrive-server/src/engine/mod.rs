@@ -104,6 +104,8 @@ pub struct Engine {
     tasks: tasks::Tasks,
     dead_letters: alerts::DeadLetters,
     membership: cluster::Membership,
+    /// How often a long poll looks again on its own (the store's `Notifier::recheck`).
+    recheck: Option<Duration>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -124,7 +126,9 @@ impl Engine {
         let push = push::Endpoints::new(&config.push)?;
         let bridges = bridge::Bridges::new(&config.bridges);
         let dead_letters = alerts::DeadLetters::new(&config.alerts);
+        let recheck = store.notifier().recheck();
         Ok(Self {
+            recheck,
             bridges,
             dead_letters,
             store,
@@ -292,9 +296,14 @@ impl Engine {
             self.signals.send(|| Signal::Parked {
                 queue: queue.to_owned(),
             });
+            // On a shared store a publish elsewhere may come with no notice (late, lost, or
+            // notices off): look again at least every `recheck`.
+            let recheck = self
+                .recheck
+                .map_or(deadline, |r| deadline.min(tokio::time::Instant::now() + r));
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
+                _ = tokio::time::sleep_until(recheck) => {}
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Vec::new());

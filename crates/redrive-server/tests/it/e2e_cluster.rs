@@ -108,3 +108,58 @@ async fn two_nodes_elect_one_leader_and_a_stopped_leader_is_replaced_at_once() {
     assert_eq!(got["leader"]["epoch"], epoch + 1);
     other.stop().await;
 }
+
+/// `storage_notify = false` (PgBouncer in transaction mode): no LISTEN, no NOTIFY, and a
+/// publish on one node still reaches a long poll on the other, within the 1 s recheck of a
+/// shared store (with notices it is milliseconds; the store-level case is
+/// `shared::a_publish_on_one_handle_wakes_the_other`).
+#[tokio::test]
+async fn without_notices_a_long_poll_on_another_node_sees_a_publish_within_a_second() {
+    let quiet = format!("storage_notify = false\n{QUICK}");
+    let a = TestServer::start_on_postgres(&quiet).await;
+    let b = a.start_beside(&quiet).await;
+    let mut signals = b.engine.signals().subscribe();
+    let poll = {
+        let client = b.client.clone();
+        let url = b.url("/v1/queues/nq/leases");
+        tokio::spawn(async move {
+            let r = client
+                .post(url)
+                .json(&serde_json::json!({"wait": "10s"}))
+                .send()
+                .await
+                .unwrap();
+            let body: Value = r.json().await.unwrap();
+            (Instant::now(), body)
+        })
+    };
+    signals.parked("nq").await;
+    let published = Instant::now();
+    let id = crate::harness::id_of(&a.publish("nq", serde_json::json!({"payload": 1})).await);
+    let (answered, body) = poll.await.unwrap();
+    let took = answered - published;
+    eprintln!("cluster test: without notices, a publish on one node answered a long poll on the other {took:?} later");
+    assert_eq!(body["messages"][0]["id"], id, "{body}");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "the long poll answered {took:?} after the publish: more than the 1 s recheck allows"
+    );
+    // Nobody listens on the schema's channel (with notices on, each node holds a LISTEN).
+    let pg = a.pg.as_ref().expect("on PostgreSQL");
+    let out = std::process::Command::new("psql")
+        .arg(&pg.url)
+        .arg("-Atc")
+        .arg(format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"redrive_{}\"'",
+            pg.schema
+        ))
+        .output()
+        .expect("psql");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "a node listens"
+    );
+    let _schema = a.stop_keeping_schema().await;
+    b.stop().await;
+}
