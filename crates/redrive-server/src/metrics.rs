@@ -622,7 +622,13 @@ impl Metrics {
 
     /// Render the text exposition, refreshing the queue gauges from `stats`, with the
     /// store's own figures (`store`: each backend names its own, e.g. SQLite's WAL).
-    pub fn render(&self, stats: &[QueueStats], store: &[StoreMetric], now_ms: i64) -> String {
+    pub fn render(
+        &self,
+        stats: &[QueueStats],
+        store: &[StoreMetric],
+        node: &NodeLabel<'_>,
+        now_ms: i64,
+    ) -> String {
         self.queue_messages.clear();
         self.oldest_ready_age.clear();
         for s in stats {
@@ -660,6 +666,20 @@ impl Metrics {
             let _ = writeln!(tail, "# TYPE {} {kind}", m.name);
             let _ = writeln!(tail, "{sample} {}", m.value);
         }
+        // Which node answered (every node of a cluster serves /metrics; the queue gauges above
+        // are the store's, the same on each), and whether it leads.
+        let _ = writeln!(
+            tail,
+            "# HELP redrive_node The node that answered: its name and process; 1 while it leads its cluster, 0 otherwise."
+        );
+        let _ = writeln!(tail, "# TYPE redrive_node gauge");
+        let _ = writeln!(
+            tail,
+            "redrive_node{{node=\"{}\",incarnation=\"{}\"}} {}",
+            label_value(node.node),
+            label_value(node.incarnation),
+            u8::from(node.leads)
+        );
         out.insert_str(eof, &tail);
         out
     }
@@ -670,4 +690,22 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// This node, for [`Metrics::render`]'s `redrive_node`.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeLabel<'a> {
+    /// Its name (`[cluster] node`).
+    pub node: &'a str,
+    /// Its process.
+    pub incarnation: &'a str,
+    /// Whether it leads its cluster now.
+    pub leads: bool,
+}
+
+/// A label value escaped for the text exposition format (backslash, double quote, newline).
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

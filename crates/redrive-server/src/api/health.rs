@@ -51,9 +51,16 @@ pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, Api
     let stats = s.engine.store().queue_stats().await?;
     s.metrics.set_endpoints(&s.engine.push().gauges());
     s.metrics.set_bridges(&s.engine.bridges().gauges());
+    let membership = s.engine.membership();
+    let node = crate::metrics::NodeLabel {
+        node: &s.engine.config().cluster.node,
+        incarnation: membership.incarnation(),
+        leads: membership.leads(),
+    };
     let body = s.metrics.render(
         &stats,
         &s.engine.store().metrics(),
+        &node,
         s.engine.clock().now().as_millis(),
     );
     Ok((

@@ -50,6 +50,14 @@ async fn a_single_node_leads_its_own_cluster() {
     assert_eq!(got["leader"]["incarnation"], me["incarnation"]);
     assert!(got["leader"]["epoch"].as_u64().unwrap() >= 1, "{got}");
     assert!(s.engine.membership().leads());
+    // /metrics says which node answered, and that it leads.
+    let (status, text) = s.get_text("/metrics").await;
+    assert_eq!(status, 200);
+    let line = format!(
+        "redrive_node{{node=\"{name}\",incarnation=\"{}\"}} 1",
+        me["incarnation"].as_str().unwrap()
+    );
+    assert!(text.contains(&line), "no {line} in /metrics");
     s.stop().await;
 }
 
