@@ -12,6 +12,7 @@
 pub mod api;
 pub mod config;
 pub mod engine;
+pub mod http;
 pub mod metrics;
 pub mod storage;
 #[doc(hidden)]
@@ -219,7 +220,7 @@ impl Server {
             "redrive listening"
         );
         let background = engine.clone().start();
-        let app = api::router(engine.clone(), metrics, Arc::new(config.clone()));
+        let app = http::router(engine.clone(), metrics, Arc::new(config.clone()));
         let grace = std::time::Duration::from_millis(config.shutdown_grace.ms());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stop_engine = engine.clone();

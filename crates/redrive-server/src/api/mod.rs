@@ -30,9 +30,6 @@ pub(crate) use browser::host_name;
 pub use error::{ApiError, ErrorBody};
 pub use limits::message_bound_bytes;
 
-use crate::engine::Engine;
-use crate::metrics::Metrics;
-use crate::Config;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
@@ -45,20 +42,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-/// What every handler gets.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// The engine.
-    pub engine: Arc<Engine>,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
-    /// The server's configuration (limits, tokens).
-    pub config: Arc<Config>,
-    /// The tokens that may call, with their scopes.
-    pub tokens: Arc<auth::Tokens>,
-    /// The console's signed-in sessions (`ui/session.rs`).
-    pub sessions: Arc<crate::ui::Sessions>,
-}
+pub use crate::http::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -112,22 +96,11 @@ fn ops() -> OpenApiRouter<AppState> {
         .routes(routes!(health::metrics))
 }
 
-/// The whole HTTP application.
-pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -> axum::Router {
-    let max_body = config.max_request_bytes;
-    let tokens = Arc::new(auth::Tokens::from_config(&config));
-    let state = AppState {
-        engine,
-        metrics,
-        config,
-        tokens: tokens.clone(),
-        sessions: Arc::new(crate::ui::Sessions::new()),
-    };
-    let browser = Arc::new(browser::BrowserGuard::new(
-        state.config.listens_on_loopback(),
-        &state.config.allowed_hosts,
-        &state.config.allowed_origins,
-    ));
+/// The API's routes: `/v1` behind its token check, the open operations routes, and the
+/// OpenAPI document of exactly these (rendered once). `crate::http` composes them with the
+/// console into the server's application.
+pub(crate) fn routes(state: &AppState) -> (axum::Router<AppState>, axum::Router<AppState>) {
+    let tokens = state.tokens.clone();
     let (v1_router, v1_doc) = v1().split_for_parts();
     let v1_router = v1_router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| {
@@ -136,41 +109,37 @@ pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -
         },
     ));
     let (ops, ops_doc) = ops().split_for_parts();
-    // The document of exactly the routes mounted here, rendered once.
     let mut doc = ApiDoc::openapi();
     doc.merge(v1_doc);
     doc.merge(ops_doc);
     let doc_json = Arc::new(contract::document(&state.config, &doc));
-    axum::Router::new()
-        .merge(v1_router)
-        .merge(ops)
-        .merge(crate::ui::router(state.clone()))
-        .route(
-            "/openapi.json",
-            axum::routing::get(move || {
-                let doc_json = doc_json.clone();
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, "application/json")],
-                        doc_json.as_ref().clone(),
-                    )
-                }
-            }),
-        )
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this route",
-            )
-        })
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::from_fn(
-            move |req: Request, next: Next| browser::guard(browser.clone(), req, next),
-        ))
-        .layer(axum::middleware::map_response(json_errors))
-        .with_state(state)
+    let ops = ops.route(
+        "/openapi.json",
+        axum::routing::get(move || {
+            let doc_json = doc_json.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    doc_json.as_ref().clone(),
+                )
+            }
+        }),
+    );
+    (v1_router, ops)
+}
+
+/// No such route: a JSON 404.
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+/// A route without this method: a JSON 405.
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
 }
 
 /// A JSON body with redrive's error answers; an empty body counts as `{}`.
@@ -228,7 +197,7 @@ pub fn from_value<T: DeserializeOwned>(
 
 /// Wrap any error answer that is not already JSON (axum's own rejections: a path segment
 /// that is not UTF-8, a body that cannot be buffered …) in the `{"error": …}` envelope.
-async fn json_errors(resp: Response) -> Response {
+pub(crate) async fn json_errors(resp: Response) -> Response {
     let status = resp.status();
     let is_json = resp
         .headers()
