@@ -269,6 +269,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/queues/{queue}", &["get"]),
     ("/v1/endpoints", &["get"]),
     ("/v1/bridges", &["get"]),
+    ("/v1/cluster", &["get"]),
     ("/v1/failure-groups", &["get"]),
     ("/v1/tasks", &["get", "post"]),
     ("/v1/tasks/{id}", &["get"]),
