@@ -158,7 +158,7 @@ pub struct PostgresOptions {
     pub sql_publish: SqlPublishLimits,
     /// Tell the other nodes of messages made ready (NOTIFY) and listen for theirs (LISTEN),
     /// on by default. Off for a connection pooler in transaction mode (PgBouncer), which
-    /// cannot keep a LISTEN: other nodes then see a publish within [`PROBE_EVERY`] (every
+    /// cannot keep a LISTEN: other nodes then see a publish within a second (every
     /// long poll looks again that often on a shared store, `Notifier::recheck`).
     pub notify: bool,
 }
