@@ -253,6 +253,12 @@ impl Server {
 /// The console's URL for a server bound to `addr`: a wildcard address (`0.0.0.0`, `::`) is
 /// shown as the loopback address of its family, which reaches it from the same machine.
 pub fn console_url(addr: std::net::SocketAddr) -> String {
+    format!("{}/ui", base_url(addr))
+}
+
+/// The base URL of a server bound to `addr` (`http://host:port`), a wildcard address shown
+/// as the loopback address of its family ([`console_url`] is this plus `/ui`).
+pub fn base_url(addr: std::net::SocketAddr) -> String {
     let mut shown = addr;
     if addr.ip().is_unspecified() {
         shown.set_ip(match addr {
@@ -260,7 +266,7 @@ pub fn console_url(addr: std::net::SocketAddr) -> String {
             std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
-    format!("http://{shown}/ui")
+    format!("http://{shown}")
 }
 
 /// Resolves on SIGTERM or SIGINT.

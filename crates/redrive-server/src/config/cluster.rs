@@ -87,9 +87,7 @@ impl Config {
                 .node
                 .clone()
                 .unwrap_or_else(|| format!("{}:{port}", host_name())),
-            address: crate::console_url(self.listen)
-                .trim_end_matches("/ui")
-                .to_owned(),
+            address: crate::base_url(self.listen),
             heartbeat_ms: self.cluster.heartbeat_interval.ms(),
             leader_lease_ms: self.cluster.leader_lease.ms(),
         }

@@ -80,10 +80,7 @@ impl Membership {
 
     /// Whether this node leads now.
     pub fn leads(&self) -> bool {
-        self.leading
-            .borrow()
-            .until
-            .is_some_and(|u| u > Instant::now())
+        self.epoch().is_some()
     }
 
     /// The epoch of this node's leadership, when it leads now.

@@ -203,36 +203,18 @@ impl Settler {
         let counts = (acks.len(), nacks.len(), releases.len());
         if !acks.is_empty() {
             let (at, items): (Vec<usize>, Vec<Ack>) = acks.into_iter().unzip();
-            let r = self.engine.ack(items).await;
-            self.record(
-                &mut out,
-                &ids,
-                &at,
-                "ack",
-                r.map(|v| v.into_iter().map(|x| x.map(drop)).collect()),
-            );
+            let answer = self.engine.ack(items).await;
+            self.record(&mut out, &ids, &at, "ack", answer);
         }
         if !nacks.is_empty() {
             let (at, items): (Vec<usize>, Vec<Nack>) = nacks.into_iter().unzip();
-            let r = self.engine.nack(items).await;
-            self.record(
-                &mut out,
-                &ids,
-                &at,
-                "nack",
-                r.map(|v| v.into_iter().map(|x| x.map(drop)).collect()),
-            );
+            let answer = self.engine.nack(items).await;
+            self.record(&mut out, &ids, &at, "nack", answer);
         }
         if !releases.is_empty() {
             let (at, items): (Vec<usize>, Vec<Release>) = releases.into_iter().unzip();
-            let r = self.engine.release(items).await;
-            self.record(
-                &mut out,
-                &ids,
-                &at,
-                "release",
-                r.map(|v| v.into_iter().map(|x| x.map(drop)).collect()),
-            );
+            let answer = self.engine.release(items).await;
+            self.record(&mut out, &ids, &at, "release", answer);
         }
         let refused = out
             .iter()
@@ -254,19 +236,19 @@ impl Settler {
     }
 
     /// Record the answers of one settle call (`operation`) for the items at `at`.
-    fn record(
+    fn record<T>(
         &self,
         out: &mut [SettleResult],
         ids: &[redrive_core::MessageId],
         at: &[usize],
         operation: &'static str,
-        answer: Result<Vec<Result<(), StoreError>>, StoreError>,
+        answer: Result<Vec<Result<T, StoreError>>, StoreError>,
     ) {
         match answer {
             Ok(items) => {
                 for (&i, r) in at.iter().zip(items) {
                     out[i] = match r {
-                        Ok(()) => SettleResult::Done,
+                        Ok(_) => SettleResult::Done,
                         Err(e) => {
                             if matches!(e, StoreError::LeaseSettled(_)) {
                                 tracing::info!(queue = %self.queue, consumer = %self.consumer,
