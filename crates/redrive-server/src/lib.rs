@@ -65,7 +65,7 @@ pub enum ServerError {
 pub async fn open(
     config: &Config,
 ) -> Result<(Arc<engine::Engine>, Arc<metrics::Metrics>), ServerError> {
-    open_with_clock(config, Arc::new(engine::SystemClock)).await
+    open_with_clock(config, Arc::new(engine::SystemClock::default())).await
 }
 
 /// [`open`], with the engine reading the time from `clock` (tests pass a
@@ -136,7 +136,7 @@ struct Opened {
 impl Server {
     /// Open the store and bind the listener (port 0 picks a free port).
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
-        Self::bind_with_clock(config, Arc::new(engine::SystemClock)).await
+        Self::bind_with_clock(config, Arc::new(engine::SystemClock::default())).await
     }
 
     /// [`Server::bind`], with the engine reading the time from `clock`.

@@ -32,15 +32,44 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn for_store(&self) -> Option<Timestamp> {
         Some(self.now())
     }
+
+    /// A heartbeat sent at `sent` and answered at `received` (this machine's clock, not
+    /// corrected) found the store's clock at `store_at`: a clock that follows the store's
+    /// corrects itself by the difference. The default ignores it.
+    fn observe_store(&self, store_at: Timestamp, sent: Timestamp, received: Timestamp) {
+        let _ = (store_at, sent, received);
+    }
 }
 
-/// The system's wall clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
+/// The system's wall clock, following the store's: on a store with a clock of its own (a
+/// database shared by a cluster) each heartbeat tells the engine how far this machine's
+/// clock is from the store's ([`Clock::observe_store`]), and every reading is corrected by
+/// that, so that a time the engine computes itself (a publish's `delay`, a release's, a
+/// search's `since=12h`, the scheduler's sleep until a due time the store gave) means the
+/// same on every node even when this machine's clock is minutes off. On the embedded store
+/// the two clocks are one and the correction stays 0.
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    /// The store's clock minus this machine's, ms (as last measured).
+    offset_ms: AtomicI64,
+}
+
+/// A measured offset that moved by less than this is not applied (a beat's round trip
+/// makes each measurement a little different; the clock should not jitter with them).
+const OFFSET_HYSTERESIS_MS: i64 = 2;
+/// Measurements whose round trip took longer than this are too imprecise to use.
+const OFFSET_MAX_ROUND_TRIP_MS: i64 = 200;
+
+impl SystemClock {
+    /// The store's clock minus this machine's, ms, as last measured (0 before a measure).
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+}
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        Timestamp::now()
+        Timestamp::from_millis(Timestamp::now().as_millis() + self.offset_ms())
     }
 
     fn for_store(&self) -> Option<Timestamp> {
@@ -48,8 +77,28 @@ impl Clock for SystemClock {
     }
 
     fn sleep_until(&self, at: Timestamp) -> Sleep<'_> {
-        let wait = at.millis_since(Timestamp::now()).max(0) as u64;
+        let wait = at.millis_since(self.now()).max(0) as u64;
         Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+
+    fn observe_store(&self, store_at: Timestamp, sent: Timestamp, received: Timestamp) {
+        let round_trip = received.millis_since(sent);
+        if !(0..=OFFSET_MAX_ROUND_TRIP_MS).contains(&round_trip) {
+            return;
+        }
+        let local = sent.as_millis() + round_trip / 2;
+        let offset = store_at.as_millis() - local;
+        let before = self.offset_ms();
+        if (offset - before).abs() >= OFFSET_HYSTERESIS_MS {
+            self.offset_ms.store(offset, Ordering::Relaxed);
+            if (offset - before).abs() >= 1_000 {
+                tracing::warn!(
+                    offset_ms = offset,
+                    "this machine's clock differs from the store's by a second or more; \
+                     redrive follows the store's clock (check NTP on this machine)"
+                );
+            }
+        }
     }
 }
 

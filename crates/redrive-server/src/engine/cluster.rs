@@ -138,8 +138,12 @@ pub(super) async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             break;
         }
         let sent = Instant::now();
+        let sent_at = redrive_core::Timestamp::now();
         match engine.store().heartbeat(beat.clone(), None).await {
             Ok(b) => {
+                engine
+                    .clock()
+                    .observe_store(b.at, sent_at, redrive_core::Timestamp::now());
                 if failing {
                     tracing::info!(node = %settings.node, "heartbeat recorded again");
                     failing = false;

@@ -367,7 +367,7 @@ pub async fn run<D: Deliverer>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Clock, EngineConfig, ManualClock, SignalReceiver};
+    use crate::engine::{EngineConfig, ManualClock, SignalReceiver};
     use crate::testing::FaultyStore;
     use redrive_core::{
         Backoff, Jitter, MessageId, NewMessage, QueueCatalog, QueueSettings, RetryPolicy, State,
@@ -532,9 +532,9 @@ mod tests {
         );
         // The lease expires (a failed attempt, retried 10 ms later): delivered again.
         clock.advance(LEASE_MS + 1);
-        engine.tick(clock.now()).await.unwrap();
+        engine.tick().await.unwrap();
         clock.advance(10);
-        engine.tick(clock.now()).await.unwrap();
+        engine.tick().await.unwrap();
         assert_eq!(within("delivery 2", deliveries.recv()).await, Some((id, 2)));
         match settled(&mut signals).await {
             Signal::Settled { acked, failed, .. } => assert_eq!((acked, failed), (1, 0)),

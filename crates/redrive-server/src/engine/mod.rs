@@ -491,8 +491,8 @@ impl Engine {
     }
 
     /// One scheduler step (see [`scheduler`]).
-    pub async fn tick(&self, now: Timestamp) -> Result<(), StoreError> {
-        let t = self.store.tick(Some(now)).await?;
+    pub async fn tick(&self) -> Result<(), StoreError> {
+        let t = self.store.tick(self.clock.for_store()).await?;
         for f in &t.expired {
             self.after_failure(f, "lease_expired");
         }
@@ -507,10 +507,10 @@ impl Engine {
     }
 
     /// One purge step; returns whether more is left to purge.
-    pub async fn purge(&self, now: Timestamp) -> Result<bool, StoreError> {
+    pub async fn purge(&self) -> Result<bool, StoreError> {
         let p = self
             .store
-            .purge(Some(now), self.config.done_retention_ms)
+            .purge(self.clock.for_store(), self.config.done_retention_ms)
             .await?;
         let mut total = 0;
         for (q, n) in &p.done_deleted {

@@ -97,7 +97,7 @@ async fn scheduler_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
                     }
                 }
                 last_tick = std::time::Instant::now();
-                if let Err(e) = engine.tick(clock.now()).await {
+                if let Err(e) = engine.tick().await {
                     tracing::error!(error = %e, "scheduler tick failed");
                     tokio::select! {
                         _ = tokio::time::sleep(TICK_RETRY_DELAY) => {}
@@ -151,7 +151,7 @@ async fn purge_loop(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
         }
         // Once per cluster: the leader purges.
         while engine.membership().leads() {
-            match engine.purge(engine.clock().now()).await {
+            match engine.purge().await {
                 Ok(more) if more => continue,
                 Ok(_) => break,
                 Err(e) => {

@@ -235,7 +235,7 @@ async fn a_store_fault_while_acking_a_push_is_survived_and_the_message_is_pushed
     let mock = Mock::start(|_, _| Answer::status(200)).await;
     let (s, store) = TestServer::start_with_faulty_store(
         &push_config(&mock.url("/hook"), "", true, 3, "50ms"),
-        Arc::new(redrive_server::engine::SystemClock),
+        Arc::new(redrive_server::engine::SystemClock::default()),
     )
     .await;
     let mut signals = s.engine.signals().subscribe();

@@ -125,7 +125,7 @@ impl TestServer {
     pub async fn start(toml_text: &str) -> TestServer {
         Self::start_with_clock(
             toml_text,
-            std::sync::Arc::new(redrive_server::engine::SystemClock),
+            std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
         )
         .await
     }
@@ -168,7 +168,7 @@ impl TestServer {
             .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
         Self::start_on(
             toml_text,
-            std::sync::Arc::new(redrive_server::engine::SystemClock),
+            std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
             Some(PgSchema::fresh_at(url)),
             |store| store,
         )
@@ -181,7 +181,7 @@ impl TestServer {
         let pg = self.pg.as_ref().expect("a server on PostgreSQL");
         Self::start_on(
             toml_text,
-            std::sync::Arc::new(redrive_server::engine::SystemClock),
+            std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
             Some(PgSchema {
                 url: pg.url.clone(),
                 schema: pg.schema.clone(),
