@@ -157,6 +157,9 @@ pub fn check_lease(
     now: Timestamp,
     history: impl FnOnce() -> Result<Vec<HistoryEntry>, StoreError>,
 ) -> Result<(), StoreError> {
+    if cfg!(feature = "planted-bug-skip-lease-check") && life.state == State::Leased {
+        return Ok(()); // the planted bug (see the feature in Cargo.toml)
+    }
     if lease_token != Some(token) {
         return Err(StoreError::LeaseMismatch);
     }

@@ -32,6 +32,7 @@
 mod common;
 
 use common::load::{check, kill_9_cycles, Ledger, Load, Survivor};
+use common::pg::{ensure_pg_up, pg_ctl, pg_ready, psql, PgUp, Schema, PG_URL};
 use common::{free_port, start_with, wait_ready, Node};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
@@ -40,8 +41,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The database every test's schema is made in (the cluster `pg_ctlcluster` restarts).
-const PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
+/// Every test schema of this binary is `redrive_fault_<random>`.
+const SCHEMA_PREFIX: &str = "redrive_fault";
 const QUEUE: &str = "crash";
 /// `crash.rs`'s queue: nacked messages come straight back and never die, so every message
 /// keeps circulating until acked.
@@ -56,112 +57,6 @@ max_attempts = 1000000
 /// Taken by every test of this binary for its whole run: one test's restart or
 /// terminations never hit another's server.
 static PG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// `psql` on the test database: its unaligned output, or its error.
-fn psql(sqls: &[&str]) -> Result<String, String> {
-    let mut cmd = Command::new("psql");
-    cmd.args(["-h", "127.0.0.1", "-U", "root", "-d", "test"])
-        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]);
-    for sql in sqls {
-        cmd.args(["-c", sql]);
-    }
-    let out = cmd.output().map_err(|e| format!("psql: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
-    }
-}
-
-/// A test's schema, dropped (with everything in it) when this is.
-struct Schema(String);
-
-impl Schema {
-    /// A new name `redrive_fault_<random>`; the first call of a run drops the schemas an
-    /// earlier run left behind (killed before its guards ran).
-    fn fresh() -> Schema {
-        static STALE: std::sync::Once = std::sync::Once::new();
-        STALE.call_once(|| {
-            let stale = psql(&["SELECT nspname FROM pg_namespace \
-                 WHERE nspname LIKE 'redrive\\_fault\\_%'"])
-            .unwrap_or_default();
-            for s in stale.lines() {
-                Schema(s.trim().to_owned()).drop_now();
-            }
-        });
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            ^ (u64::from(std::process::id()) << 32);
-        Schema(format!("redrive_fault_{n:016x}"))
-    }
-
-    fn drop_now(&self) {
-        if let Err(e) = psql(&[
-            "SET lock_timeout = '30s'",
-            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
-        ]) {
-            eprintln!("dropping schema {}: {e}", self.0);
-        }
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        self.drop_now();
-    }
-}
-
-/// The version of the local cluster (`/etc/postgresql/<version>/main`).
-fn pg_version() -> String {
-    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .expect("/etc/postgresql: a Debian PostgreSQL cluster")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .expect("a PostgreSQL version in /etc/postgresql")
-}
-
-/// `pg_ctlcluster <version> main <action>` (waits until done).
-fn pg_ctl(action: &str) -> bool {
-    Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &pg_version(), "main", action])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Whether PostgreSQL accepts connections.
-fn pg_ready() -> bool {
-    Command::new("pg_isready")
-        .args(["-q", "-h", "127.0.0.1", "-p", "5432"])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Start PostgreSQL if it is down and wait until it accepts connections.
-fn ensure_pg_up() {
-    if !pg_ready() {
-        pg_ctl("start");
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !pg_ready() {
-        assert!(Instant::now() < deadline, "PostgreSQL did not come up");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// PostgreSQL is up again when this is dropped, also when the test failed half-way.
-struct PgUp;
-
-impl Drop for PgUp {
-    fn drop(&mut self) {
-        ensure_pg_up();
-    }
-}
 
 /// `redrive serve` on `schema` (its connections named `schema` too, for
 /// `pg_terminate_backend`).
@@ -331,7 +226,7 @@ async fn kill_9_on_postgres_loses_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let schema = Schema::fresh();
+    let schema = Schema::fresh(SCHEMA_PREFIX);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let client = http_client();
@@ -372,7 +267,7 @@ async fn kill_9_on_postgres_loses_nothing() {
 async fn postgres_restart_mid_load() {
     let _pg = PG.lock().await;
     ensure_pg_up();
-    let schema = Schema::fresh();
+    let schema = Schema::fresh(SCHEMA_PREFIX);
     let dir = tempfile::tempdir().unwrap();
     let client = http_client();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -470,7 +365,7 @@ async fn postgres_restart_mid_load() {
 async fn postgres_connections_terminated_mid_load() {
     let _pg = PG.lock().await;
     ensure_pg_up();
-    let schema = Schema::fresh();
+    let schema = Schema::fresh(SCHEMA_PREFIX);
     let dir = tempfile::tempdir().unwrap();
     let client = http_client();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -566,7 +461,7 @@ async fn a_killed_leader_is_replaced_and_its_leases_come_back() {
     const MESSAGE_LEASE_MS: u64 = 3_000;
     let _pg = PG.lock().await;
     ensure_pg_up();
-    let schema = Schema::fresh();
+    let schema = Schema::fresh(SCHEMA_PREFIX);
     let client = http_client();
     let config = format!(
         "storage_schema = \"{}\"\n[cluster]\nheartbeat_interval = \"200ms\"\nleader_lease = \"{LEADER_LEASE_MS}ms\"\n{QUEUES}",

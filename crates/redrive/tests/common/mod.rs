@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod load;
+pub mod pg;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -49,9 +50,31 @@ pub fn start_with(
     config_text: &str,
     extra: &[&str],
 ) -> Node {
+    start_wrapped(&[], config_dir, data_dir, port, config_text, extra)
+}
+
+/// [`start_with`] run through `wrapper` (a program and its arguments that runs the command
+/// after them, e.g. `["faketime", "-f", "+5m"]`); empty: the binary itself.
+pub fn start_wrapped(
+    wrapper: &[&str],
+    config_dir: &Path,
+    data_dir: &Path,
+    port: u16,
+    config_text: &str,
+    extra: &[&str],
+) -> Node {
     let config = config_dir.join("redrive.toml");
     std::fs::write(&config, config_text).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_redrive"))
+    let bin = env!("CARGO_BIN_EXE_redrive");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let child = cmd
         .args([
             "serve",
             "--listen",
@@ -67,6 +90,7 @@ pub fn start_with(
         .env_remove("REDRIVE_CRASH_CYCLES")
         .env_remove("REDRIVE_POWER_CUT_CYCLES")
         .env_remove("REDRIVE_PG_CRASH_CYCLES")
+        .env_remove("REDRIVE_CLUSTER_FAULT_SECS")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
