@@ -28,6 +28,7 @@ mod filter;
 mod ops;
 mod options;
 pub mod rules;
+pub mod sessions;
 mod store;
 pub mod stored;
 
@@ -42,6 +43,7 @@ pub use ops::{
     TaskTransition,
 };
 pub use options::{CommitObserver, StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
+pub use sessions::{NewSession, SessionLookup, SessionRecord};
 pub use store::{
     Ack, AckEvent, Acked, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
     MetricKind, Nack, Notifier, Published, PurgeOutcome, QueueStats, ReadyNotice, Release,
