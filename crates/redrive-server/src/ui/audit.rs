@@ -33,7 +33,7 @@ pub async fn page(
     };
     let more = entries.len() > PAGE as usize;
     let mut b = String::from(
-        "<h1>Audit log</h1><p class=\"muted\">Every operator action, through the API or this console, newest first.</p>",
+        "<h1>Audit log</h1><p class=\"muted\">Every operator action, through the API or this console, newest first, with the node that did it.</p>",
     );
     if entries.is_empty() {
         b.push_str("<p class=\"muted\">No operator action yet.</p>");
