@@ -10,11 +10,10 @@
 //!   knows every session (SPEC §13: the console works behind a load balancer): signed in on
 //!   one node, signed in on all; signed out on one, signed out everywhere; a restart signs
 //!   nobody out. The store keeps the token's name, the CSRF token and the times under a
-//!   digest of the nonce, the name and the token's secret
-//!   ([`Tokens::session_digest`](crate::api::auth::Tokens::session_digest)): a reader of
-//!   the database cannot sign in with what it reads, and a token given another secret (or
-//!   removed) in the configuration ends its sessions. Scopes are the configuration's at
-//!   each request. A session expires after [`IDLE`] without a request (the store's clock:
+//!   digest of the nonce, the name and the token's secret ([`Tokens::session_digest`]): a
+//!   reader of the database cannot sign in with what it reads, and a token given another
+//!   secret (or removed) in the configuration ends its sessions. Scopes are the
+//!   configuration's at each request. A session expires after [`IDLE`] without a request (the store's clock:
 //!   the database's on PostgreSQL); a request moves its last use only when it is older than
 //!   [`TOUCH_AFTER`], so most requests write nothing. Each token has at most
 //!   [`MAX_SESSIONS_PER_TOKEN`]: signing in past that ends the least recently used session
@@ -22,8 +21,8 @@
 //!   nobody else out (and the sessions in all are bounded by the tokens configured).
 //!   Expired sessions are deleted at the next sign-in.
 //! - **A store that fails** while a session is checked (a database that is down) is a 503
-//!   page saying so, the cookie kept: the operator is not signed out, and is again once the
-//!   store is back.
+//!   page saying so, the cookie kept: the operator is not signed out, and the next request
+//!   once the store is back is served as before.
 //! - **No tokens** (loopback only, see `lib.rs`): every request is `anonymous` with every
 //!   scope, as on the API; no sign-in.
 //! - **GET** needs a session (else 303 to `/ui/login`) whose caller can `read` (else 403).
@@ -31,9 +30,8 @@
 //!   browser always sends one on a form post; the browser guard has already refused one
 //!   that is not this server's), and a `csrf` form field equal to the session's token
 //!   (with no tokens configured: a random token created once in the store,
-//!   [`Store::shared_secret`](redrive_storage::Store::shared_secret) `console.csrf`, the
-//!   same on every node). Then the caller must have `admin`, except to sign out. Refusals
-//!   are 403 pages and change nothing.
+//!   [`Store::shared_secret`] `console.csrf`, the same on every node). Then the caller must
+//!   have `admin`, except to sign out. Refusals are 403 pages and change nothing.
 
 use super::html;
 use crate::api::auth::{constant_time_eq, Caller, Scope, Tokens};
