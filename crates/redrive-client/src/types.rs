@@ -643,6 +643,10 @@ pub struct AuditEntry {
     /// More.
     #[serde(default)]
     pub detail: Option<String>,
+    /// The node that did it (`[cluster] node`); `None` in entries from before redrive
+    /// recorded it.
+    #[serde(default)]
+    pub node: Option<String>,
 }
 
 /// `GET /v1/audit`.

@@ -24,7 +24,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The tokens that may call, with their scopes.
     pub tokens: Arc<auth::Tokens>,
-    /// The console's signed-in sessions (`ui/session.rs`).
+    /// The console's signed-in sessions (`ui/session.rs`; kept in the store, so every node
+    /// knows them).
     pub sessions: Arc<crate::ui::Sessions>,
 }
 
@@ -32,11 +33,11 @@ pub struct AppState {
 pub fn router(engine: Arc<Engine>, metrics: Arc<Metrics>, config: Arc<Config>) -> axum::Router {
     let max_body = config.max_request_bytes;
     let state = AppState {
+        sessions: Arc::new(crate::ui::Sessions::new(engine.store().clone())),
         engine,
         metrics,
         tokens: Arc::new(auth::Tokens::from_config(&config)),
         config,
-        sessions: Arc::new(crate::ui::Sessions::new()),
     };
     let browser = Arc::new(api::BrowserGuard::new(
         state.config.listens_on_loopback(),

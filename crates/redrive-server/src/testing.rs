@@ -5,15 +5,16 @@
 use redrive_core::{Message, MessageId, NewMessage, Timestamp};
 use redrive_storage::{
     Ack, Acked, AuditRecord, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
-    MessageFilter, Nack, NewAudit, Notifier, Page, Published, PurgeOutcome, QueueStats, Release,
-    Released, Returned, Store, StoreError, StoreMetric, TaskRecord, TaskState, TaskStep,
-    TaskStepOutcome, TaskTransition, TickOutcome,
+    MessageFilter, Nack, NewAudit, NewSession, Notifier, Page, Published, PurgeOutcome, QueueStats,
+    Release, Released, Returned, SessionLookup, SessionRecord, Store, StoreError, StoreMetric,
+    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A store that passes every call to `inner`, except the `ack` and `lease` calls it was told
-/// to fail ([`FaultyStore::fail_acks`], [`FaultyStore::fail_leases`]): those answer
+/// A store that passes every call to `inner`, except the `ack`, `lease` and `session_get`
+/// calls it was told to fail ([`FaultyStore::fail_acks`], [`FaultyStore::fail_leases`],
+/// [`FaultyStore::fail_session_lookups`]): those answer
 /// [`StoreError::Unavailable`] without reaching `inner` (nothing is written), as a store
 /// whose database went away would.
 pub struct FaultyStore {
@@ -22,6 +23,7 @@ pub struct FaultyStore {
     acks_failed: AtomicUsize,
     leases_to_fail: AtomicUsize,
     leases_failed: AtomicUsize,
+    session_lookups_to_fail: AtomicUsize,
 }
 
 impl std::fmt::Debug for FaultyStore {
@@ -45,6 +47,7 @@ impl FaultyStore {
             acks_failed: AtomicUsize::new(0),
             leases_to_fail: AtomicUsize::new(0),
             leases_failed: AtomicUsize::new(0),
+            session_lookups_to_fail: AtomicUsize::new(0),
         }
     }
 
@@ -66,6 +69,11 @@ impl FaultyStore {
     /// `lease` calls failed so far.
     pub fn leases_failed(&self) -> usize {
         self.leases_failed.load(Ordering::SeqCst)
+    }
+
+    /// Fail the next `n` `session_get` calls (the console's session check).
+    pub fn fail_session_lookups(&self, n: usize) {
+        self.session_lookups_to_fail.store(n, Ordering::SeqCst);
     }
 
     fn injected(what: &str) -> StoreError {
@@ -255,6 +263,33 @@ impl Store for FaultyStore {
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         self.inner.queue_stats().await
+    }
+
+    async fn session_create(
+        &self,
+        s: NewSession,
+        now: Option<Timestamp>,
+    ) -> Result<SessionRecord, StoreError> {
+        self.inner.session_create(s, now).await
+    }
+
+    async fn session_get(
+        &self,
+        q: SessionLookup,
+        now: Option<Timestamp>,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        if take_one(&self.session_lookups_to_fail) {
+            return Err(Self::injected("session_get"));
+        }
+        self.inner.session_get(q, now).await
+    }
+
+    async fn session_delete(&self, id: String) -> Result<bool, StoreError> {
+        self.inner.session_delete(id).await
+    }
+
+    async fn shared_secret(&self, name: String, candidate: String) -> Result<String, StoreError> {
+        self.inner.shared_secret(name, candidate).await
     }
 
     async fn heartbeat(

@@ -18,6 +18,10 @@
 //! `redrive-store-postgres`. The `conformance` module (feature `conformance`) is the
 //! suite every backend must pass; each backend crate runs it in its own tests.
 //!
+//! Besides messages it keeps what every node of a cluster must share: bulk tasks and the
+//! audit log, membership and leadership ([`cluster`]), and the console's sessions
+//! ([`sessions`]).
+//!
 //! Non-goals: HTTP, long polling and timers (the server's engine decides *when*
 //! to call [`Store::tick`]; the store only says when it should next be called).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -28,6 +32,7 @@ mod filter;
 mod ops;
 mod options;
 pub mod rules;
+pub mod sessions;
 mod store;
 pub mod stored;
 
@@ -42,6 +47,7 @@ pub use ops::{
     TaskTransition,
 };
 pub use options::{CommitObserver, StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
+pub use sessions::{NewSession, SessionLookup, SessionRecord};
 pub use store::{
     Ack, AckEvent, Acked, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,
     MetricKind, Nack, Notifier, Published, PurgeOutcome, QueueStats, ReadyNotice, Release,

@@ -158,6 +158,9 @@ pub struct TaskStep {
     pub next_cursor: Option<String>,
     /// For a kill: the reason written in each message's history.
     pub kill_reason: Option<String>,
+    /// The node running the step (its name), recorded in the `task.done` entry of the
+    /// last step ([`NewAudit::node`]).
+    pub node: Option<String>,
 }
 
 impl TaskStep {
@@ -216,12 +219,15 @@ pub struct NewAudit {
     pub count: u64,
     /// Anything else worth keeping (a kill reason, a stop reason).
     pub detail: Option<String>,
+    /// The node that did it (its name, `[cluster] node`; SPEC §13). `None` in entries
+    /// recorded before the stores kept it (SQLite schema v8, PostgreSQL schema v6).
+    pub node: Option<String>,
 }
 
 impl NewAudit {
     /// The record of `task` (as its last step left it) running to its end, written with
-    /// that step.
-    pub fn task_done(task: &TaskRecord) -> Self {
+    /// that step, which node `node` ran.
+    pub fn task_done(task: &TaskRecord, node: Option<String>) -> Self {
         Self {
             actor: task.created_by.clone(),
             action: "task.done".to_owned(),
@@ -234,6 +240,7 @@ impl NewAudit {
                 task.done,
                 task.failed
             )),
+            node,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The storage contract.
 
 use crate::{
-    AuditRecord, Beat, ClusterView, Heartbeat, MessageFilter, NewAudit, Page, StoreError,
-    TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition,
+    AuditRecord, Beat, ClusterView, Heartbeat, MessageFilter, NewAudit, NewSession, Page,
+    SessionLookup, SessionRecord, StoreError, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
+    TaskTransition,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
@@ -535,6 +536,34 @@ pub trait Store: Send + Sync + 'static {
         before: Option<u64>,
         limit: u32,
     ) -> Result<Vec<AuditRecord>, StoreError>;
+
+    /// Open a console session ([`crate::sessions`]): delete every session expired under
+    /// `s.idle_ms`, store this one (seen now), then delete the least recently used
+    /// sessions of its token past `s.max_per_token`, in one transaction. Answers the
+    /// session as stored. An `id` already stored is replaced.
+    async fn session_create(
+        &self,
+        s: NewSession,
+        now: Option<Timestamp>,
+    ) -> Result<SessionRecord, StoreError>;
+
+    /// The session `q.id` unless it is missing or has expired under `q.idle_ms`; its
+    /// `last_seen` is moved to now (durably, before the answer) when it was older than
+    /// `q.touch_after_ms`, and the answer says so.
+    async fn session_get(
+        &self,
+        q: SessionLookup,
+        now: Option<Timestamp>,
+    ) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// End session `id`; answers whether it was stored (an unknown id is no error).
+    async fn session_delete(&self, id: String) -> Result<bool, StoreError>;
+
+    /// The secret named `name`, the same for every process of this store: the first call
+    /// stores `candidate` (random, the caller's) and answers it; every later call, on any
+    /// process, answers what was stored. The console's forms without tokens carry one
+    /// (their CSRF token), so that a form rendered by one node is accepted by another.
+    async fn shared_secret(&self, name: String, candidate: String) -> Result<String, StoreError>;
 
     /// Counts per state of every queue that has messages.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError>;

@@ -27,7 +27,8 @@
 //!
 //! `messages` (identity, content, lifecycle), `history` (appended entries), `idempotency`
 //! (keys outliving their purged messages), `key_heads` (per-key ordering's lock point),
-//! `tasks`, `audit`, `meta` and `schema_migrations`; the ready set, the scheduled set and
+//! `tasks`, `audit`, `sessions` (the console's), `nodes` and `leader` (the cluster's), `meta`
+//! and `schema_migrations`; the ready set, the scheduled set and
 //! the leased set are partial indexes of `messages`, so a claim, a promotion and the reaper
 //! are each an index range scan over only the rows they can take. `schema.rs` says why this
 //! shape and not another.
@@ -115,6 +116,7 @@ mod ops;
 mod reads;
 mod row;
 mod schema;
+mod sessions;
 mod sql;
 mod sql_publish;
 mod transitions;
@@ -126,9 +128,10 @@ use error::E;
 use redrive_core::{Message, MessageId, NewMessage, QueueCatalog, SplitMix64, State, Timestamp};
 use redrive_storage::{
     Ack, Acked, AuditRecord, Beat, ClusterView, CommitStats, FailureOutcome, Health, Heartbeat,
-    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, NewAudit, Notifier, Page, Published,
-    PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned, Store, StoreError,
-    StoreOptions, TaskRecord, TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, NewAudit, NewSession, Notifier, Page,
+    Published, PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned, SessionLookup,
+    SessionRecord, Store, StoreError, StoreOptions, TaskRecord, TaskState, TaskStep,
+    TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1060,6 +1063,51 @@ impl Store for PostgresStore {
         limit: u32,
     ) -> Result<Vec<AuditRecord>, StoreError> {
         read!(self, |c| ops::audit_list(&c, before, limit).await)
+    }
+
+    async fn session_create(
+        &self,
+        s: NewSession,
+        now: Option<Timestamp>,
+    ) -> Result<SessionRecord, StoreError> {
+        let schema = &self.schema;
+        write_tx!(self, |tx, _cx| {
+            let now = sql::resolve_now(&tx, now).await?;
+            sessions::create(&tx, schema, &s, now).await
+        })
+    }
+
+    async fn session_get(
+        &self,
+        q: SessionLookup,
+        now: Option<Timestamp>,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let (found, now) = read!(self, |c| {
+            let now = sql::resolve_now(&c, now).await?;
+            Ok((sessions::get(&c, &q.id).await?, now))
+        })?;
+        let Some(mut found) = found.filter(|s| !s.expired(now, q.idle_ms)) else {
+            return Ok(None);
+        };
+        if found.due_for_touch(now, q.touch_after_ms) {
+            let id = &q.id;
+            if !write_tx!(self, |tx, _cx| sessions::touch(&tx, id, now).await)? {
+                return Ok(None); // ended meanwhile
+            }
+            found.last_seen = found.last_seen.max(now);
+        }
+        Ok(Some(found))
+    }
+
+    async fn session_delete(&self, id: String) -> Result<bool, StoreError> {
+        write_tx!(self, |tx, _cx| sessions::delete(&tx, &id).await)
+    }
+
+    async fn shared_secret(&self, name: String, candidate: String) -> Result<String, StoreError> {
+        write_tx!(self, |tx, _cx| sessions::shared_secret(
+            &tx, &name, &candidate
+        )
+        .await)
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {

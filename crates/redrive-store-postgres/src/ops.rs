@@ -81,7 +81,7 @@ pub async fn audit_list<C: GenericClient>(
     let before = before.map_or(i64::MAX, count);
     let rows = query(
         c,
-        "SELECT seq, at, actor, action, target, filter, count, detail FROM audit \
+        "SELECT seq, at, actor, action, target, filter, count, detail, node FROM audit \
          WHERE seq < $1 ORDER BY seq DESC LIMIT $2",
         &[&before, &i64::from(limit.max(1))],
     )
@@ -101,6 +101,7 @@ pub async fn audit_list<C: GenericClient>(
                     filter: filter.map(|f| serde_json::from_str(&f)).transpose()?,
                     count: n.max(0) as u64,
                     detail: r.try_get(7)?,
+                    node: r.try_get(8)?,
                 },
             })
         })
@@ -120,8 +121,8 @@ pub async fn audit_insert(
         .transpose()?;
     let r = query_one(
         tx,
-        "INSERT INTO audit (at, actor, action, target, filter, count, detail) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING seq",
+        "INSERT INTO audit (at, actor, action, target, filter, count, detail, node) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING seq",
         &[
             &now.as_millis(),
             &entry.actor,
@@ -130,6 +131,7 @@ pub async fn audit_insert(
             &filter,
             &count(entry.count),
             &entry.detail,
+            &entry.node,
         ],
     )
     .await?;
@@ -258,7 +260,7 @@ pub async fn task_step(
     .await?;
     let task = task_or_404(tx, &t.id).await?;
     if finished {
-        audit_insert(tx, &NewAudit::task_done(&task), now).await?;
+        audit_insert(tx, &NewAudit::task_done(&task, step.node.clone()), now).await?;
     }
     Ok(TaskStepOutcome {
         task,

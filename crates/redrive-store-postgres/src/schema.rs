@@ -47,6 +47,8 @@
 //!   has a lease is an index seek (`ix_key_leased`), not a column a claim must update: so a
 //!   claim writes nothing but the message rows it leases.
 //! - `tasks` and `audit`: the operator's bulk tasks and audit log, as in the SQLite store.
+//! - `sessions` (schema v6): the console's sessions, so that any node serves any signed-in
+//!   operator; the session's key is a digest of its cookie, never the cookie.
 //! - `meta` (schema v2): what the rows were written under that the configuration can
 //!   change (each queue's ordering mode, for `key_order::reconcile`), and the limits the
 //!   SQL function checks (`sql_publish`).
@@ -95,7 +97,9 @@ use redrive_storage::StoreError;
 ///   retry cycle's database time; the purge and `delete` remove a message's history in the
 ///   same statement or transaction instead.
 /// - 5: `nodes` and `leader`, the cluster's membership and leadership (`cluster.rs`).
-pub const SCHEMA_VERSION: i32 = 5;
+/// - 6: `sessions`, the console's sessions, shared by every node (`sessions.rs`), and
+///   `audit.node`, the node that recorded an entry (NULL in the entries from before).
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -104,6 +108,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, crate::sql_publish::V3),
     (4, V4),
     (5, crate::cluster::V5),
+    (6, crate::sessions::V6),
 ];
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";

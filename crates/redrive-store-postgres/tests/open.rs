@@ -1,4 +1,5 @@
-//! Opening the PostgreSQL store: migrations (twice, at once, a newer schema refused), TLS
+//! Opening the PostgreSQL store: migrations (twice, at once, a newer schema refused, from
+//! version 5), TLS
 //! refused, an unreachable server is `Unavailable`, `synchronous_commit` read, and the
 //! database's clock when no time is given.
 
@@ -84,6 +85,68 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
         }
         Ok(_) => panic!("a schema of version {newer} was opened"),
     }
+}
+
+/// A schema at version 5 (before the console's sessions and the audit log's node) is
+/// migrated: its audit entries read back with no node, new ones keep theirs, sessions work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_5_schema_is_migrated_audit_entries_keep_no_node() {
+    let guard = common::fresh_schema(PREFIX);
+    let opts = common::options(&guard.0, &Setup::default());
+    PostgresStore::open(opts.clone())
+        .await
+        .expect("open")
+        .close()
+        .await;
+    // Back to version 5: without what version 6 added, one audit entry written then.
+    common::run_blocking(format!(
+        "SET search_path TO {s}; DROP TABLE sessions; ALTER TABLE audit DROP COLUMN node; \
+         DELETE FROM schema_migrations WHERE version = 6; \
+         INSERT INTO audit (at, actor, action, target, filter, count, detail) \
+         VALUES (1, 'ops', 'message.kill', 'm1', NULL, 1, NULL);",
+        s = guard.0
+    ));
+    let store = PostgresStore::open(opts).await.expect("a v5 schema opens");
+    store
+        .audit(
+            redrive_storage::NewAudit {
+                actor: "ops".into(),
+                action: "message.redrive".into(),
+                target: Some("m2".into()),
+                filter: None,
+                count: 1,
+                detail: None,
+                node: Some("node-a".into()),
+            },
+            None,
+        )
+        .await
+        .expect("audit");
+    let log = store.audit_list(None, 10).await.expect("audit list");
+    let nodes: Vec<_> = log
+        .iter()
+        .map(|a| (a.entry.target.as_deref(), a.entry.node.as_deref()))
+        .collect();
+    assert_eq!(nodes, [(Some("m2"), Some("node-a")), (Some("m1"), None)]);
+    let made = store
+        .session_create(
+            redrive_storage::conformance::sessions::new_session("s1", "ops", 4),
+            None,
+        )
+        .await
+        .expect("session");
+    let found = store
+        .session_get(redrive_storage::conformance::sessions::lookup("s1"), None)
+        .await
+        .expect("get");
+    assert_eq!(found.map(|s| s.csrf), Some(made.csrf));
+    store.close().await;
+    let version = query_one_i64(&format!(
+        "SELECT max(version)::bigint FROM {}.schema_migrations",
+        guard.0
+    ))
+    .await;
+    assert_eq!(version, i64::from(SCHEMA_VERSION));
 }
 
 #[tokio::test]

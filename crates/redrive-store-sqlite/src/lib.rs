@@ -28,6 +28,7 @@ mod promotion;
 mod reads;
 mod row;
 mod schema;
+mod sessions;
 mod sql_error;
 mod transitions;
 
@@ -36,10 +37,10 @@ use redrive_core::{Message, MessageId, NewMessage, Timestamp};
 use redrive_storage::cluster::LocalCluster;
 use redrive_storage::{
     Ack, Acked, AuditRecord, Beat, ClusterView, CommitStats, FailureOutcome, Health, Heartbeat,
-    LeaseRef, LeaseRequest, Leased, MessageFilter, MetricKind, Nack, NewAudit, Notifier, Page,
-    Published, PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned, Store,
-    StoreError, StoreMetric, StoreOptions, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
-    TaskTransition, TickOutcome,
+    LeaseRef, LeaseRequest, Leased, MessageFilter, MetricKind, Nack, NewAudit, NewSession,
+    Notifier, Page, Published, PurgeOutcome, QueueStats, ReadyNotice, Release, Released, Returned,
+    SessionLookup, SessionRecord, Store, StoreError, StoreMetric, StoreOptions, TaskRecord,
+    TaskState, TaskStep, TaskStepOutcome, TaskTransition, TickOutcome,
 };
 use rusqlite::{Connection, OpenFlags};
 use sql_error::SqlResultExt;
@@ -578,6 +579,47 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<AuditRecord>, StoreError> {
         self.read(move |c| ops::audit_list(c, before, limit)).await
+    }
+
+    async fn session_create(
+        &self,
+        s: NewSession,
+        now: Option<Timestamp>,
+    ) -> Result<SessionRecord, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
+        self.write(move |w| w.session_create(&s, now)).await
+    }
+
+    async fn session_get(
+        &self,
+        q: SessionLookup,
+        now: Option<Timestamp>,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let now = now.unwrap_or_else(Timestamp::now);
+        let id = q.id.clone();
+        let Some(mut found) = self.read(move |c| sessions::session(c, &id)).await? else {
+            return Ok(None);
+        };
+        if found.expired(now, q.idle_ms) {
+            return Ok(None);
+        }
+        if found.due_for_touch(now, q.touch_after_ms) {
+            let id = q.id;
+            if !self.write(move |w| w.session_touch(&id, now)).await? {
+                return Ok(None); // ended meanwhile
+            }
+            found.last_seen = found.last_seen.max(now);
+        }
+        Ok(Some(found))
+    }
+
+    async fn session_delete(&self, id: String) -> Result<bool, StoreError> {
+        self.write(move |w| w.session_delete(&id)).await
+    }
+
+    async fn shared_secret(&self, name: String, candidate: String) -> Result<String, StoreError> {
+        self.write(move |w| w.shared_secret(&name, &candidate))
+            .await
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {

@@ -1,4 +1,5 @@
-//! Bulk tasks and the audit log in SQLite (schema v6: tables `tasks` and `audit`).
+//! Bulk tasks and the audit log in SQLite (schema v6: tables `tasks` and `audit`; v8:
+//! `audit.node`).
 //!
 //! Writes run in the writer like every transition; [`WriterState::task_step`] acts on a
 //! batch of messages and writes the task's new cursor and counters in the same job, so
@@ -112,7 +113,7 @@ pub fn audit_list(
     let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
     let rows: Vec<(AuditRecord, Option<String>)> = conn
         .prepare_cached(
-            "SELECT seq, at, actor, action, target, filter, count, detail FROM audit \
+            "SELECT seq, at, actor, action, target, filter, count, detail, node FROM audit \
              WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2",
         )
         .db()?
@@ -127,6 +128,7 @@ pub fn audit_list(
                     filter: None,
                     count: r.get::<_, i64>(6)?.max(0) as u64,
                     detail: r.get(7)?,
+                    node: r.get(8)?,
                 },
             };
             Ok((record, r.get(5)?))
@@ -152,8 +154,8 @@ impl WriterState {
             .transpose()?;
         self.conn
             .prepare_cached(
-                "INSERT INTO audit (at, actor, action, target, filter, count, detail) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO audit (at, actor, action, target, filter, count, detail, node) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )
             .db()?
             .execute(params![
@@ -163,7 +165,8 @@ impl WriterState {
                 entry.target,
                 filter,
                 entry.count.min(i64::MAX as u64) as i64,
-                entry.detail
+                entry.detail,
+                entry.node
             ])
             .db()?;
         Ok(self.conn.last_insert_rowid().max(0) as u64)
@@ -283,7 +286,7 @@ impl WriterState {
             .db()?;
         let task = self.task_or_404(&t.id)?;
         if finished {
-            self.audit_insert(&NewAudit::task_done(&task), now)?;
+            self.audit_insert(&NewAudit::task_done(&task, step.node.clone()), now)?;
         }
         Ok(TaskStepOutcome {
             task,

@@ -66,7 +66,10 @@ use rusqlite::Connection;
 ///   `messages.released` (a consumer's uncharged releases, bounded by `max_rate_limited`).
 ///   Rows from before have `lease_end` NULL: `transitions.rs::legacy_lease_end` tells how
 ///   their last lease ended from the row and its history, when a token asks.
-pub const SCHEMA_VERSION: i64 = 7;
+/// - 8: the `sessions` table (the console's sessions, kept in the store: `sessions.rs`; new,
+///   created by [`SCHEMA`]) and `audit.node` (the node that recorded an entry; NULL in the
+///   entries from before).
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The steps from each older version to the next: `(from, SQL)`. Each step only adds
 /// (columns that may be `NULL`, tables, indexes), so it is cheap on a large database
@@ -89,6 +92,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
         6,
         "ALTER TABLE messages ADD COLUMN lease_end TEXT; \
          ALTER TABLE messages ADD COLUMN released INTEGER NOT NULL DEFAULT 0;",
+    ),
+    // A database from before v6 has no `audit` table yet (SCHEMA creates tables after the
+    // steps): the step creates it as v6 had it, then adds the column.
+    (
+        7,
+        "CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
+         at INTEGER NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, target TEXT, \
+         filter TEXT, count INTEGER NOT NULL, detail TEXT); \
+         ALTER TABLE audit ADD COLUMN node TEXT;",
     ),
 ];
 
@@ -168,8 +180,18 @@ CREATE TABLE IF NOT EXISTS audit (
   target  TEXT,
   filter  TEXT,
   count   INTEGER NOT NULL,
-  detail  TEXT
+  detail  TEXT,
+  node    TEXT
 );
+CREATE TABLE IF NOT EXISTS sessions (
+  id         TEXT PRIMARY KEY,
+  token      TEXT NOT NULL,
+  csrf       TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  last_seen  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_sessions_token ON sessions(token, last_seen);
+CREATE INDEX IF NOT EXISTS ix_sessions_seen ON sessions(last_seen);
 "#;
 
 /// Create the schema, or upgrade an older one, or refuse a newer one; one transaction.

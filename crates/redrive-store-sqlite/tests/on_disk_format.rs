@@ -318,11 +318,12 @@ async fn schema_v1_data_dir_is_upgraded_and_keeps_working() {
         .expect("version");
     assert_eq!(
         version,
-        "7", // the current schema version (schema.rs SCHEMA_VERSION)
+        "8", // the current schema version (schema.rs SCHEMA_VERSION)
         "the data directory is marked upgraded"
     );
-    // Version 6's tables (bulk tasks, the audit log) exist, empty.
-    for table in ["tasks", "audit"] {
+    // Version 6's tables (bulk tasks, the audit log) and version 8's (the console's
+    // sessions) exist, empty.
+    for table in ["tasks", "audit", "sessions"] {
         let n: i64 = raw(dir.path())
             .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
             .unwrap_or_else(|e| panic!("table {table} after the upgrade: {e}"));
@@ -420,11 +421,13 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
     );
     store.close().await;
     drop(store);
-    // Back to version 6: the same tables without the two columns version 7 added.
+    // Back to version 6: the same tables without the two columns version 7 added, and
+    // without what version 8 added.
     raw(dir.path())
         .execute_batch(
             "ALTER TABLE messages DROP COLUMN lease_end; \
              ALTER TABLE messages DROP COLUMN released; \
+             ALTER TABLE audit DROP COLUMN node; DROP TABLE sessions; \
              UPDATE meta SET v = '6' WHERE k = 'schema_version';",
         )
         .expect("make a version 6 database");
@@ -476,5 +479,64 @@ async fn schema_v6_leases_settled_before_the_upgrade_say_how() {
             r.get(0)
         })
         .expect("version");
-    assert_eq!(version, "7");
+    assert_eq!(version, "8");
+}
+
+/// A version 7 data directory (no sessions, audit entries without a node) opens: its
+/// audit entries read back with no node, new ones keep theirs, and sessions work.
+#[tokio::test]
+async fn schema_v7_audit_entries_have_no_node_and_sessions_begin() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(options(dir.path())).expect("open");
+    store.close().await;
+    drop(store);
+    raw(dir.path())
+        .execute_batch(
+            "ALTER TABLE audit DROP COLUMN node; DROP TABLE sessions; \
+             INSERT INTO audit (at, actor, action, target, filter, count, detail) \
+             VALUES (1, 'ops', 'message.kill', 'm1', NULL, 1, NULL); \
+             UPDATE meta SET v = '7' WHERE k = 'schema_version';",
+        )
+        .expect("make a version 7 database");
+    let store = SqliteStore::open(options(dir.path())).expect("a v7 data directory opens");
+    store
+        .audit(
+            redrive_storage::NewAudit {
+                actor: "ops".into(),
+                action: "message.redrive".into(),
+                target: Some("m2".into()),
+                filter: None,
+                count: 1,
+                detail: None,
+                node: Some("node-a".into()),
+            },
+            Some(at(2)),
+        )
+        .await
+        .expect("audit");
+    let log = store.audit_list(None, 10).await.expect("audit list");
+    let nodes: Vec<_> = log
+        .iter()
+        .map(|a| (a.entry.target.as_deref(), a.entry.node.as_deref()))
+        .collect();
+    assert_eq!(nodes, [(Some("m2"), Some("node-a")), (Some("m1"), None)]);
+    let made = store
+        .session_create(
+            conformance::sessions::new_session("s1", "ops", 4),
+            Some(at(3)),
+        )
+        .await
+        .expect("session");
+    let found = store
+        .session_get(conformance::sessions::lookup("s1"), Some(at(4)))
+        .await
+        .expect("get");
+    assert_eq!(found, Some(made));
+    store.close().await;
+    let version: String = raw(dir.path())
+        .query_row("SELECT v FROM meta WHERE k = 'schema_version'", [], |r| {
+            r.get(0)
+        })
+        .expect("version");
+    assert_eq!(version, "8");
 }

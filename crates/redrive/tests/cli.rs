@@ -248,7 +248,8 @@ fn a_closed_pipe_ends_the_output_quietly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_and_audit_commands() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = start(dir.path(), free_port(), CONFIG);
+    let port = free_port();
+    let mut node = start(dir.path(), port, CONFIG);
     assert!(wait_ready(&reqwest::Client::new(), &mut node).await);
     let s = node.base.clone();
     // Three dead letters in `cli` (max_attempts 1).
@@ -353,6 +354,8 @@ async fn tasks_and_audit_commands() {
         out.contains("task.create") && out.contains("task.done") && out.contains("anonymous"),
         "{out}"
     );
+    // Each entry names the node (default `<host name>:<port>`).
+    assert!(out.contains(&format!(":{port}")), "{out}");
     node.child.kill().unwrap();
 }
 

@@ -132,6 +132,38 @@ impl Tokens {
         found
     }
 
+    /// The caller named `name`, if such a token is configured.
+    pub fn by_name(&self, name: &str) -> Option<Caller> {
+        self.entries
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(name, _, scopes)| Caller {
+                name: name.clone(),
+                scopes: *scopes,
+            })
+    }
+
+    /// The key a console session of token `name` with the cookie secret `nonce` is stored
+    /// under: the SHA-256 (hex) of both and of the token's secret. A reader of the database
+    /// can neither sign in with it (it does not have the nonce) nor test guesses of the
+    /// token's secret against it, and once the configuration gives the token another secret
+    /// its old sessions are found no more, on every node. `None` for a name not configured.
+    pub fn session_digest(&self, name: &str, nonce: &str) -> Option<String> {
+        use sha2::Digest as _;
+        let (_, secret, _) = self.entries.iter().find(|(n, _, _)| n == name)?;
+        let mut h = sha2::Sha256::new();
+        for part in [
+            b"redrive-console-session".as_slice(),
+            name.as_bytes(),
+            nonce.as_bytes(),
+            secret.as_bytes(),
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
     /// The caller of a request from its `Authorization: Bearer` header; `None` when the
     /// header is absent, wrong, or not a bearer token.
     pub fn from_bearer(&self, headers: &axum::http::HeaderMap) -> Option<Caller> {

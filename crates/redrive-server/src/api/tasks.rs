@@ -330,6 +330,7 @@ pub async fn create(s: &AppState, caller: &Caller, req: TaskRequest) -> Result<C
                 .map(|r| format!(" at {r}"))
                 .unwrap_or_default()
         )),
+        node: Some(s.engine.node().to_owned()),
     };
     s.engine.store().task_create(record.clone(), audit).await?;
     s.engine.tasks().wake();
@@ -360,6 +361,7 @@ pub async fn transition(
         filter: TaskPlan::of(&existing).ok().map(|p| p.filter),
         count: existing.done,
         detail: None,
+        node: Some(s.engine.node().to_owned()),
     };
     let reason = (to == TaskState::Cancelled).then(|| format!("cancelled by {}", caller.name));
     let t = s
@@ -507,6 +509,9 @@ pub struct AuditView {
     pub count: u64,
     /// More (a kill reason, a stop reason).
     pub detail: Option<String>,
+    /// The node that did it (its `[cluster] node` name: the one that answered the request,
+    /// or ran the task's step); null in entries recorded before redrive kept it.
+    pub node: Option<String>,
 }
 
 impl From<AuditRecord> for AuditView {
@@ -520,6 +525,7 @@ impl From<AuditRecord> for AuditView {
             filter: a.entry.filter,
             count: a.entry.count,
             detail: a.entry.detail,
+            node: a.entry.node,
         }
     }
 }

@@ -194,6 +194,12 @@ impl Engine {
         &self.config
     }
 
+    /// This node's name (`[cluster] node`), as the audit log records it (SPEC §13: audit
+    /// entries name the node).
+    pub fn node(&self) -> &str {
+        &self.config.cluster.node
+    }
+
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock

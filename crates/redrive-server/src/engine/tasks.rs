@@ -222,6 +222,7 @@ async fn step(
                 ids: page.messages.iter().map(|m| m.id).collect(),
                 next_cursor: page.next_cursor.clone(),
                 kill_reason: plan.kill_reason.clone(),
+                node: Some(engine.node().to_owned()),
             },
             engine.clock().for_store(),
         )
@@ -307,6 +308,7 @@ async fn check_outcomes(
             filter: Some(plan.filter.clone()),
             count: task.done,
             detail: Some(reason.clone()),
+            node: Some(engine.node().to_owned()),
         };
         match engine
             .store()

@@ -33,7 +33,7 @@ pub async fn page(
     };
     let more = entries.len() > PAGE as usize;
     let mut b = String::from(
-        "<h1>Audit log</h1><p class=\"muted\">Every operator action, through the API or this console, newest first.</p>",
+        "<h1>Audit log</h1><p class=\"muted\">Every operator action, through the API or this console, newest first, with the node that did it.</p>",
     );
     if entries.is_empty() {
         b.push_str("<p class=\"muted\">No operator action yet.</p>");
@@ -41,7 +41,7 @@ pub async fn page(
     }
     b.push_str(
         "<table class=\"audit\"><thead><tr><th>When</th><th>Who</th><th>Action</th><th>Target</th><th>Filter</th>\
-         <th class=\"num\">Count</th><th>Detail</th></tr></thead><tbody>",
+         <th class=\"num\">Count</th><th>Detail</th><th>Node</th></tr></thead><tbody>",
     );
     let mut last = None;
     for a in entries.into_iter().take(PAGE as usize) {
@@ -67,12 +67,14 @@ pub async fn page(
         let _ = write!(
             b,
             "<tr><td>{}</td><td class=\"mono\">{}</td><td><span class=\"badge\">{}</span></td><td>{target}</td>\
-             <td class=\"mono\">{filter}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+             <td class=\"mono\">{filter}</td><td class=\"num\">{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
             html::time(a.at),
             esc(&e.actor),
             esc(&e.action),
             e.count,
             esc(e.detail.as_deref().unwrap_or("")),
+            // Entries from before the node was recorded have none: shown as a dash.
+            e.node.as_deref().map_or_else(|| "<span class=\"muted\">—</span>".to_owned(), esc),
         );
     }
     b.push_str("</tbody></table>");

@@ -1,4 +1,5 @@
-//! `GET/POST /ui/login` and `POST /ui/logout` (see `session.rs` for what a session is).
+//! `GET/POST /ui/login` and `POST /ui/logout` (see `session.rs` for what a session is): a
+//! sign-out on any node ends the session on every node.
 
 use super::html::{self, esc};
 use super::session::{self, Ui};
@@ -86,8 +87,22 @@ pub async fn sign_in(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
             &next,
         );
     }
+    let id = match s.sessions.create(&s.tokens, &caller).await {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(token = %caller.name, error = %e, "console sign-in failed: the store");
+            let e = crate::api::ApiError::from(e);
+            return login_page(
+                e.status,
+                Some(&format!(
+                    "Cannot sign in now: {} Try again in a moment.",
+                    e.message
+                )),
+                &next,
+            );
+        }
+    };
     tracing::info!(token = %caller.name, "console sign-in");
-    let id = s.sessions.create(caller);
     let secure = session::over_tls(&headers, &s.config.allowed_hosts);
     let mut r = session::see_other(&next);
     r.headers_mut()
@@ -102,7 +117,11 @@ pub async fn sign_out(
     headers: HeaderMap,
 ) -> Response {
     if let Some(id) = session::session_id(&headers) {
-        s.sessions.remove(&id);
+        if let Err(e) = s.sessions.remove(&s.tokens, &id).await {
+            // Not signed out: say so, and leave the cookie (its session still stands).
+            tracing::warn!(error = %e, "console sign-out failed: the store");
+            return session::store_failed(e, "Not signed out");
+        }
     }
     let secure = session::over_tls(&headers, &s.config.allowed_hosts);
     let mut r = session::see_other("/ui/login");

@@ -121,6 +121,11 @@ async fn redrive_task_dry_run_then_runs_to_done_and_is_audited() {
     assert_eq!(created["actor"], "anonymous");
     let finished = log.iter().find(|e| e["action"] == "task.done").unwrap();
     assert_eq!(finished["count"], 45);
+    // Both name this node: it created the task and its runner ran the last step.
+    let node = ok(s.get("/v1/cluster").await)["node"].clone();
+    assert!(node.is_string(), "{node}");
+    assert_eq!(created["node"], node);
+    assert_eq!(finished["node"], node);
     // Messages dead after the task was created are not part of it.
     dead_letters(&s, 2, |_| "late".into()).await;
     assert_eq!(ok(s.get(&format!("/v1/tasks/{id}")).await)["done"], 45);
@@ -485,6 +490,11 @@ async fn message_actions_are_audited_and_redrive_can_edit_the_payload() {
     );
     assert_eq!(log[0]["detail"], "duplicate order");
     assert_eq!(log[0]["filter"], json!({"queue": "bulk"}));
+    // Every entry names the node that answered the request (SPEC §13).
+    let node = ok(s.get("/v1/cluster").await)["node"].clone();
+    for e in &log {
+        assert_eq!(e["node"], node, "{e}");
+    }
     // Paging: two at a time, newest first.
     let p1 = ok(s.get("/v1/audit?limit=2").await);
     assert_eq!(p1["entries"].as_array().unwrap().len(), 2);

@@ -298,8 +298,13 @@ async fn tokens_need_a_session_and_a_readable_token() {
     assert_eq!(st, 404);
     assert!(body.contains("There is no console page here."));
     assert_eq!(c.get("/ui/").await.1.as_deref(), Some("/ui"));
-    // A made-up session is no session.
+    // A made-up session is no session, nor is a real one's nonce under another token.
     c.cookie = Some("redrive_session=00000000000000000000000000000000".into());
+    assert_eq!(c.get("/ui").await.0, 303);
+    c.cookie = Some("redrive_session=00000000000000000000000000000000.ops-admin".into());
+    assert_eq!(c.get("/ui").await.0, 303);
+    let real = set.split(';').next().unwrap().to_owned();
+    c.cookie = Some(real.replace(".ops-admin", ".ops-reader"));
     assert_eq!(c.get("/ui").await.0, 303);
     s.stop().await;
 }
@@ -709,9 +714,9 @@ async fn a_read_token_signing_in_in_a_loop_never_signs_an_admin_out() {
     let mut admin = Console::new(&s);
     admin.sign_in(ADMIN).await;
     let mut reader = Console::new(&s);
-    // Past the 10,000 sessions the console once kept in all (then least recently used
-    // first out, whoever's they were): each sign-in is a new session of ops-reader.
-    for _ in 0..10_050 {
+    // Three times the bound of one token's sessions (64): each sign-in is a new session of
+    // ops-reader, and only ops-reader's least recently used ones end.
+    for _ in 0..200 {
         reader.sign_in(READER).await;
     }
     let page = admin.html("/ui").await;
@@ -721,5 +726,117 @@ async fn a_read_token_signing_in_in_a_loop_never_signs_an_admin_out() {
         200,
         "the newest reader session works"
     );
+    s.stop().await;
+}
+
+/// Two nodes on one PostgreSQL schema behind a load balancer (SPEC §13): a sign-in on A is
+/// a session on B, a form A rendered is accepted by B (one CSRF token per session, in the
+/// store), the action is audited naming B, and signing out on B ends the session on A.
+#[tokio::test]
+async fn a_session_opened_on_one_node_works_on_another_and_ends_there() {
+    let config = format!("{FAST}\n{}", tokens());
+    let mut a = TestServer::start_on_postgres(&config).await;
+    let mut b = a.start_beside(&config).await;
+    a.token = Some(ADMIN.to_owned());
+    b.token = Some(ADMIN.to_owned());
+    let id = dead(&a, "orders", json!({"n": 1}), "boom").await;
+    let mut on_a = Console::new(&a);
+    on_a.sign_in(ADMIN).await;
+    let mut on_b = Console::new(&b);
+    on_b.cookie = on_a.cookie.clone();
+
+    let page_a = on_a.html(&format!("/ui/messages/{id}")).await;
+    let page_b = on_b.html(&format!("/ui/messages/{id}")).await;
+    assert!(
+        page_b.contains("ops-admin"),
+        "B knows A's session: {page_b}"
+    );
+    let token = csrf(&page_a);
+    assert_eq!(csrf(&page_b), token, "one session, one CSRF token, on both");
+    // A form A rendered, posted to B.
+    let (st, loc, body) = on_b
+        .post(
+            &format!("/ui/messages/{id}/redrive"),
+            &[("csrf", &token)],
+            Some(&on_b.origin()),
+        )
+        .await;
+    assert_eq!(st, 303, "{body}");
+    assert_eq!(loc.unwrap(), format!("/ui/messages/{id}?done=redriven"));
+    assert_eq!(a.message(&id).await["state"], "ready");
+    // The audit log names B, the node that did it, in the API and on A's console page.
+    let node_b = crate::harness::ok(b.get("/v1/cluster").await)["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let node_a = crate::harness::ok(a.get("/v1/cluster").await)["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(node_a, node_b);
+    let log = crate::harness::ok(a.get("/v1/audit").await);
+    let entry = &log["entries"][0];
+    assert_eq!(
+        (entry["action"].as_str(), entry["node"].as_str()),
+        (Some("message.redrive"), Some(node_b.as_str())),
+        "{log}"
+    );
+    let audit = on_a.html("/ui/audit").await;
+    assert!(audit.contains(&node_b), "{audit}");
+
+    // Signed out on B: signed out on A too.
+    let (st, loc, _) = on_b
+        .post("/ui/logout", &[("csrf", &token)], Some(&on_b.origin()))
+        .await;
+    assert_eq!((st, loc.as_deref()), (303, Some("/ui/login")));
+    assert_eq!(on_a.get("/ui").await.0, 303, "the session ended on A");
+    assert_eq!(on_b.get("/ui").await.0, 303);
+    b.stop().await;
+    a.stop().await;
+}
+
+/// Without tokens (loopback), the CSRF token of every form is the store's: a form rendered
+/// by one node is accepted by another.
+#[tokio::test]
+async fn without_tokens_a_form_of_one_node_is_accepted_by_another() {
+    let a = TestServer::start_on_postgres(FAST).await;
+    let b = a.start_beside(FAST).await;
+    let id = dead(&a, "orders", json!({"n": 1}), "boom").await;
+    let token = csrf(&Console::new(&a).html(&format!("/ui/messages/{id}")).await);
+    let on_b = Console::new(&b);
+    assert_eq!(csrf(&on_b.html(&format!("/ui/messages/{id}")).await), token);
+    let (st, _, body) = on_b
+        .post(
+            &format!("/ui/messages/{id}/redrive"),
+            &[("csrf", &token)],
+            Some(&on_b.origin()),
+        )
+        .await;
+    assert_eq!(st, 303, "{body}");
+    assert_eq!(a.message(&id).await["state"], "ready");
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A store that fails while the console checks a session is a 503 page, not a sign-out
+/// nor a 500: the next request, the store back, is signed in as before.
+#[tokio::test]
+async fn a_store_failure_while_checking_the_session_is_503_and_signs_nobody_out() {
+    let (s, faulty) = TestServer::start_with_faulty_store(
+        &format!("{FAST}\n{}", tokens()),
+        std::sync::Arc::new(redrive_server::engine::SystemClock),
+    )
+    .await;
+    let mut c = Console::new(&s);
+    c.sign_in(ADMIN).await;
+    faulty.fail_session_lookups(1);
+    let (st, loc, body) = c.get("/ui").await;
+    assert_eq!((st, loc), (503, None), "{body}");
+    assert!(
+        body.contains("<html") && body.contains("still signed in"),
+        "an HTML page saying so: {body}"
+    );
+    let page = c.html("/ui").await;
+    assert!(page.contains("ops-admin"), "still signed in: {page}");
     s.stop().await;
 }

@@ -11,7 +11,7 @@
 //!
 //! The cases live in one file per area: [`publish`], [`idempotency`], [`lease`],
 //! [`ack_nack`], [`operator`], [`tick_purge`], [`search`], [`ordering`], [`tasks`],
-//! [`cluster`]; and
+//! [`cluster`], [`sessions`]; and
 //! [`shared`], the shared-handles area (two stores on one database), for the backends
 //! several processes share, with its own macro
 //! [`conformance_shared_tests!`](crate::conformance_shared_tests).
@@ -53,6 +53,7 @@ pub mod operator;
 pub mod ordering;
 pub mod publish;
 pub mod search;
+pub mod sessions;
 pub mod shared;
 pub mod tasks;
 pub mod tick_purge;
@@ -301,6 +302,13 @@ macro_rules! conformance_tests {
                 first_standing_node_leads,
                 lapsed_leadership_passes_with_the_next_epoch,
                 leaving_hands_leadership_over_at_once,
+            ],
+            sessions: [
+                session_is_found_touched_and_expires,
+                session_delete_ends_it,
+                sessions_per_token_are_bounded_least_recently_used_first,
+                expired_sessions_are_deleted_by_the_next_create,
+                shared_secret_is_created_once,
             ],
         }
     };

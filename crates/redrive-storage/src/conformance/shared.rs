@@ -236,6 +236,45 @@ pub fn heartbeats_on_both_handles_elect_one_leader<S: Store>(
     })
 }
 
+/// A console session opened on one handle is found on the other, and ended there it is
+/// gone on both; both handles asking for the shared secret at once get one and the same.
+pub fn a_session_from_one_handle_is_known_and_ended_on_the_other<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        use super::sessions::{lookup, new_session};
+        let made = a
+            .session_create(new_session("s1", "ops", 8), None)
+            .await
+            .expect("create on a");
+        let seen = b
+            .session_get(lookup("s1"), None)
+            .await
+            .expect("get on b")
+            .expect("b knows a's session");
+        assert_eq!(
+            (seen.token.as_str(), seen.csrf.as_str(), seen.created_at),
+            ("ops", made.csrf.as_str(), made.created_at)
+        );
+        assert!(b.session_delete("s1".into()).await.expect("delete on b"));
+        assert!(
+            a.session_get(lookup("s1"), None)
+                .await
+                .expect("get on a")
+                .is_none(),
+            "signed out on b is signed out on a"
+        );
+        let (x, y) = tokio::join!(
+            a.shared_secret("csrf".into(), "from-a".into()),
+            b.shared_secret("csrf".into(), "from-b".into())
+        );
+        let (x, y) = (x.expect("secret on a"), y.expect("secret on b"));
+        assert_eq!(x, y, "one secret for both handles");
+        assert!(x == "from-a" || x == "from-b", "{x}");
+    })
+}
+
 /// The cases of the area, by name.
 pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
     vec![
@@ -258,6 +297,10 @@ pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
         (
             "heartbeats_on_both_handles_elect_one_leader",
             heartbeats_on_both_handles_elect_one_leader::<S>,
+        ),
+        (
+            "a_session_from_one_handle_is_known_and_ended_on_the_other",
+            a_session_from_one_handle_is_known_and_ended_on_the_other::<S>,
         ),
     ]
 }
@@ -290,6 +333,7 @@ macro_rules! conformance_shared_tests {
                 a_lease_from_one_handle_settles_on_the_other,
                 a_publish_on_one_handle_wakes_the_other,
                 heartbeats_on_both_handles_elect_one_leader,
+                a_session_from_one_handle_is_known_and_ended_on_the_other,
             );
         }
     };

@@ -30,6 +30,7 @@ fn audit(action: &str, count: u64) -> NewAudit {
         filter: None,
         count,
         detail: None,
+        node: Some("node-a".to_owned()),
     }
 }
 
@@ -58,6 +59,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 ids: ids.clone(),
                 next_cursor: Some("c1".into()),
                 kill_reason: None,
+                node: Some("node-b".into()),
             },
             Some(at(2)),
         )
@@ -87,6 +89,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 ids: vec![],
                 next_cursor: None,
                 kill_reason: None,
+                node: Some("node-b".into()),
             },
             Some(at(3)),
         )
@@ -98,6 +101,10 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
     let actions: Vec<_> = log.iter().map(|a| a.entry.action.as_str()).collect();
     assert_eq!(actions, ["task.done", "task.create"], "newest first");
     assert_eq!(log[0].entry.count, 2);
+    // Each entry names the node that wrote it: the creating node, the one that ran the
+    // last step.
+    assert_eq!(log[0].entry.node.as_deref(), Some("node-b"));
+    assert_eq!(log[1].entry.node.as_deref(), Some("node-a"));
     assert!(log[0].seq > log[1].seq);
 }
 
@@ -128,6 +135,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 ids: ids.clone(),
                 next_cursor: None,
                 kill_reason: None,
+                node: Some("node-b".into()),
             },
             Some(at(2)),
         )
@@ -244,8 +252,17 @@ pub async fn audit_log_pages_newest_first<S: Store>(s: Arc<S>) {
         a.filter = Some(json!({"i": i}));
         s.audit(a, Some(at(i))).await.expect("audit");
     }
-    let first = s.audit_list(None, 2).await.expect("page 1");
+    let mut nameless = audit("message.kill", 1);
+    nameless.node = None;
+    s.audit(nameless, Some(at(4))).await.expect("audit");
+    let newest = s.audit_list(None, 1).await.expect("newest");
+    assert_eq!(
+        newest[0].entry.node, None,
+        "an entry without a node keeps none"
+    );
+    let first = s.audit_list(Some(newest[0].seq), 2).await.expect("page 1");
     assert_eq!(first.len(), 2);
+    assert_eq!(first[0].entry.node.as_deref(), Some("node-a"));
     assert_eq!(first[0].entry.target.as_deref(), Some("m4"));
     assert_eq!(first[0].entry.filter, Some(json!({"i": 4})));
     assert_eq!(first[0].at, at(4));

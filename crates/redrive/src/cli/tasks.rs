@@ -238,6 +238,7 @@ pub async fn audit(api: &Client, args: &AuditArgs) -> anyhow::Result<()> {
         ("target", Align::Left),
         ("count", Align::Right),
         ("detail", Align::Left),
+        ("node", Align::Left),
     ]);
     for e in &page.entries {
         table.push(vec![
@@ -247,6 +248,7 @@ pub async fn audit(api: &Client, args: &AuditArgs) -> anyhow::Result<()> {
             e.target.clone().unwrap_or_default(),
             e.count.to_string(),
             truncate(e.detail.as_deref().unwrap_or(""), 60),
+            e.node.clone().unwrap_or_default(),
         ]);
     }
     emit(&table.render())?;

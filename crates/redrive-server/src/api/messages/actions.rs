@@ -148,6 +148,7 @@ async fn audit_one(
             filter: Some(serde_json::json!({ "queue": m.queue })),
             count: 1,
             detail,
+            node: Some(s.engine.node().to_owned()),
         })
         .await;
 }
