@@ -155,6 +155,29 @@ pub fn next_leader(
     }
 }
 
+/// A leader's claim to act as leader, checked by the store inside the transaction of the
+/// work it guards ([`crate::TaskStep::fence`]): the work is done only while the store's
+/// leadership is still held by `incarnation` with `epoch`, unexpired at the store's clock.
+/// A node paused past its lease, or cut off while another took over, is refused
+/// ([`crate::StoreError::Fenced`]) even if it still believes it leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The leader's incarnation ([`Heartbeat::incarnation`]).
+    pub incarnation: String,
+    /// The epoch of its leadership ([`Leadership::epoch`]).
+    pub epoch: u64,
+}
+
+impl Fence {
+    /// Whether `current` (the store's leadership record) is this fence's leadership, live
+    /// at `now`.
+    pub fn holds(&self, current: Option<&Leadership>, now: Timestamp) -> bool {
+        current.is_some_and(|l| {
+            l.incarnation == self.incarnation && l.epoch == self.epoch && l.expires_at > now
+        })
+    }
+}
+
 /// The leadership `current` at `now`: `None` once it lapsed.
 pub fn live_leader(current: Option<&Leadership>, now: Timestamp) -> Option<Leadership> {
     current.filter(|l| l.expires_at > now).cloned()
@@ -222,6 +245,11 @@ impl LocalCluster {
         if let Some(l) = st.leader.as_mut().filter(|l| l.incarnation == incarnation) {
             l.expires_at = now;
         }
+    }
+
+    /// Whether `fence` holds at `now` ([`Fence::holds`] on this record).
+    pub fn holds(&self, fence: &Fence, now: Timestamp) -> bool {
+        fence.holds(self.state().leader.as_ref(), now)
     }
 
     /// [`Store::cluster`](crate::Store::cluster) at `now`.

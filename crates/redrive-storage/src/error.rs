@@ -71,6 +71,14 @@ pub enum StoreError {
     /// reopened (restart the process, check the disk). Tell the client 503.
     #[error("store is poisoned by an earlier failed write ({0}); restart after checking the disk")]
     Poisoned(String),
+    /// Work guarded by a [`crate::cluster::Fence`] was refused: the leadership it names
+    /// ended (lapsed, or another node took over). Nothing changed. The node must stop
+    /// acting as leader.
+    #[error("this node's leadership (epoch {epoch}) has ended; the work was not done")]
+    Fenced {
+        /// The epoch the caller claimed.
+        epoch: u64,
+    },
     /// The store is shutting down or its writer has stopped. Tell the client 503.
     #[error("store is closed")]
     Closed,

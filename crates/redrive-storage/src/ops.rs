@@ -161,6 +161,9 @@ pub struct TaskStep {
     /// The node running the step (its name), recorded in the `task.done` entry of the
     /// last step ([`NewAudit::node`]).
     pub node: Option<String>,
+    /// Run the step only while this leadership holds ([`crate::cluster::Fence`]); else
+    /// [`crate::StoreError::Fenced`] and nothing changed. `None`: no check (one process).
+    pub fence: Option<crate::cluster::Fence>,
 }
 
 impl TaskStep {

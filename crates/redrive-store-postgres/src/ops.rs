@@ -209,6 +209,20 @@ pub async fn task_step(
     step: &TaskStep,
     now: Timestamp,
 ) -> Result<TaskStepOutcome, E> {
+    if let Some(f) = &step.fence {
+        // FOR SHARE: a takeover (an UPDATE of this row) waits until this step committed,
+        // so the step is done under the leadership it names or not at all.
+        let holds = query_opt(
+            tx,
+            "SELECT 1 FROM leader WHERE one AND incarnation = $1 AND epoch = $2 \
+             AND expires_at > $3 FOR SHARE",
+            &[&f.incarnation, &(f.epoch as i64), &now.as_millis()],
+        )
+        .await?;
+        if holds.is_none() {
+            return Err(E::Logic(StoreError::Fenced { epoch: f.epoch }));
+        }
+    }
     let t = task_or_404(tx, &step.task).await?;
     if t.state != TaskState::Running {
         return Ok(TaskStepOutcome {

@@ -553,6 +553,11 @@ impl Store for SqliteStore {
         now: Option<Timestamp>,
     ) -> Result<TaskStepOutcome, StoreError> {
         let now = now.unwrap_or_else(Timestamp::now);
+        // One process: its leadership changes only by its own beats, so a check before the
+        // write is as good as one inside it.
+        if let Some(f) = step.fence.as_ref().filter(|f| !self.cluster.holds(f, now)) {
+            return Err(StoreError::Fenced { epoch: f.epoch });
+        }
         self.write(move |w| w.task_step(&step, now)).await
     }
 

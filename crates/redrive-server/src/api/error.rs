@@ -102,6 +102,9 @@ impl From<StoreError> for ApiError {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", msg)
             }
             StoreError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", msg),
+            StoreError::Fenced { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", msg)
+            }
             StoreError::InvalidCursor(_) => Self::bad_request("invalid_cursor", msg),
             StoreError::TaskNotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", msg),
             StoreError::InvalidTaskState { .. } => {

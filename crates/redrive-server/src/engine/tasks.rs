@@ -18,7 +18,7 @@
 use super::Engine;
 use redrive_core::{HistoryEvent, MessageId, State};
 use redrive_storage::{
-    MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
+    Fence, MessageFilter, NewAudit, StoreError, TaskAction, TaskRecord, TaskState, TaskStep,
     TaskTransition,
 };
 use serde::{Deserialize, Serialize};
@@ -178,6 +178,13 @@ pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             if r.next_at <= Instant::now() && engine.membership().leads() {
                 match step(&engine, task, &mut r.watch).await {
                     Ok(pause) => r.next_at = Instant::now() + pause,
+                    Err(e @ StoreError::Fenced { .. }) => {
+                        // Another node leads now (this one was paused or cut off): it goes
+                        // on from the last committed page; this node stops stepping.
+                        tracing::warn!(task = %task.id, error = %e, "task step refused: this node no longer leads");
+                        running.clear();
+                        break;
+                    }
                     Err(e) => {
                         tracing::error!(task = %task.id, error = %e, "task step failed");
                         r.next_at = Instant::now() + RETRY_DELAY;
@@ -210,6 +217,15 @@ async fn step(
     watch: &mut Watch,
 ) -> Result<Duration, StoreError> {
     let plan = TaskPlan::of(task)?;
+    // The step is done only under this node's leadership, checked by the store in the
+    // step's own transaction (a node paused past its lease is refused there).
+    let Some(epoch) = engine.membership().epoch() else {
+        return Ok(Duration::ZERO);
+    };
+    let fence = Fence {
+        incarnation: engine.membership().incarnation().to_owned(),
+        epoch,
+    };
     let (batch, pause) = plan.pace();
     let store = engine.store();
     let page = store
@@ -223,6 +239,7 @@ async fn step(
                 next_cursor: page.next_cursor.clone(),
                 kill_reason: plan.kill_reason.clone(),
                 node: Some(engine.node().to_owned()),
+                fence: Some(fence),
             },
             engine.clock().for_store(),
         )

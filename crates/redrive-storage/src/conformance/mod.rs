@@ -291,6 +291,7 @@ macro_rules! conformance_tests {
                 audit_log_pages_newest_first,
                 redrive_with_payload_replaces_it,
                 count_matches_search,
+                task_step_runs_only_under_its_fence,
             ],
             ordering: [
                 key_ordering_holds_later_message,

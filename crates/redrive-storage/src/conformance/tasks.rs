@@ -60,6 +60,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 next_cursor: Some("c1".into()),
                 kill_reason: None,
                 node: Some("node-b".into()),
+                fence: None,
             },
             Some(at(2)),
         )
@@ -90,6 +91,7 @@ pub async fn task_step_acts_and_advances_together<S: Store>(s: Arc<S>) {
                 next_cursor: None,
                 kill_reason: None,
                 node: Some("node-b".into()),
+                fence: None,
             },
             Some(at(3)),
         )
@@ -136,6 +138,7 @@ pub async fn task_step_of_paused_task_changes_nothing<S: Store>(s: Arc<S>) {
                 next_cursor: None,
                 kill_reason: None,
                 node: Some("node-b".into()),
+                fence: None,
             },
             Some(at(2)),
         )
@@ -315,4 +318,64 @@ pub async fn count_matches_search<S: Store>(s: Arc<S>) {
         ..MessageFilter::default()
     };
     assert_eq!(s.count(text).await.expect("count text"), 1);
+}
+
+/// A step fenced by a leadership runs while that leadership holds at the store's clock,
+/// and is refused ([`StoreError::Fenced`], nothing changed) once it lapsed, and under an
+/// epoch or incarnation that is not the holder's.
+pub async fn task_step_runs_only_under_its_fence<S: Store>(s: Arc<S>) {
+    let ids = dead(&*s, 2).await;
+    s.task_create(task("t1", TaskAction::Redrive, 2), audit("task.create", 2))
+        .await
+        .expect("create");
+    let beat = crate::Heartbeat {
+        node: "a".into(),
+        incarnation: "a-1".into(),
+        address: String::new(),
+        version: "test".into(),
+        lead: true,
+        lead_ms: 10_000,
+    };
+    let b = s.heartbeat(beat, Some(at(1_000))).await.expect("beat");
+    let epoch = b.leader.expect("a leads").epoch;
+    let step = |id: MessageId, fence: crate::Fence| TaskStep {
+        task: "t1".into(),
+        ids: vec![id],
+        next_cursor: Some(format!("after-{id}")),
+        kill_reason: None,
+        node: Some("a".into()),
+        fence: Some(fence),
+    };
+    let fence = |incarnation: &str, epoch: u64| crate::Fence {
+        incarnation: incarnation.into(),
+        epoch,
+    };
+    for wrong in [fence("a-1", epoch + 1), fence("b-1", epoch)] {
+        let r = s.task_step(step(ids[0], wrong), Some(at(2_000))).await;
+        assert!(
+            matches!(r, Err(StoreError::Fenced { .. })),
+            "a fence that is not the holder's: {r:?}"
+        );
+    }
+    let t = s.task("t1".into()).await.expect("task").expect("t1");
+    assert_eq!(
+        (t.done, t.cursor.as_deref()),
+        (0, None),
+        "a refused step changed nothing"
+    );
+    let out = s
+        .task_step(step(ids[0], fence("a-1", epoch)), Some(at(2_000)))
+        .await
+        .expect("the holder's step");
+    assert_eq!(out.applied, vec![ids[0]]);
+    // The leadership lapsed at 11 s: the same fence is refused.
+    let r = s
+        .task_step(step(ids[1], fence("a-1", epoch)), Some(at(11_000)))
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::Fenced { .. })),
+        "a lapsed fence: {r:?}"
+    );
+    let m = s.get(ids[1]).await.expect("get").expect("message");
+    assert_eq!(m.state, State::Dead, "the refused step did not redrive it");
 }

@@ -65,14 +65,17 @@ pub fn start_wrapped(
 ) -> Node {
     let config = config_dir.join("redrive.toml");
     std::fs::write(&config, config_text).unwrap();
-    let bin = env!("CARGO_BIN_EXE_redrive");
+    // `REDRIVE_TEST_BIN` runs another build of the binary (e.g. a copy, so that a long run
+    // goes on while the tree is rebuilt).
+    let bin = std::env::var("REDRIVE_TEST_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_redrive").to_owned());
     let mut cmd = match wrapper.split_first() {
         Some((program, args)) => {
             let mut c = Command::new(program);
-            c.args(args).arg(bin);
+            c.args(args).arg(&bin);
             c
         }
-        None => Command::new(bin),
+        None => Command::new(&bin),
     };
     let child = cmd
         .args([
@@ -91,6 +94,7 @@ pub fn start_wrapped(
         .env_remove("REDRIVE_POWER_CUT_CYCLES")
         .env_remove("REDRIVE_PG_CRASH_CYCLES")
         .env_remove("REDRIVE_CLUSTER_FAULT_SECS")
+        .env_remove("REDRIVE_TEST_BIN")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
