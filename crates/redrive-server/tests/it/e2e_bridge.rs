@@ -443,7 +443,6 @@ fn failed_attempts(message: &serde_json::Value) -> usize {
         .count()
 }
 
-/// The first dead message of `queue`, once there is one (at most 60 s).
 /// Wait (at most 10 s) until the server's first bridge is connected.
 async fn connected(s: &TestServer) {
     for _ in 0..500 {
@@ -455,6 +454,7 @@ async fn connected(s: &TestServer) {
     }
 }
 
+/// The first dead message of `queue`, once there is one (at most 60 s).
 async fn first_dead(s: &TestServer, queue: &str) -> serde_json::Value {
     for _ in 0..3_000 {
         let (_, page) = s
@@ -1791,4 +1791,89 @@ jitter = "none"
         .query_async(&mut r)
         .await
         .unwrap();
+}
+
+/// SPEC §13, bridges on several nodes: two nodes on one PostgreSQL schema run the same
+/// RabbitMQ bridge, competing consumers of its intake queue. Node A's connection drops
+/// between storing a batch and acking it (the test hook, as a crash there would), so
+/// RabbitMQ delivers that batch again, to either node: each delivery meets its intake
+/// marker in the shared store and is not stored again. Each message's retry is then
+/// republished once, by whichever node leases it, and acked by the work queue's consumer:
+/// every message is seen there exactly twice (its first delivery, rejected, and the
+/// republished retry), stored once, and done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_running_one_bridge_store_and_republish_each_message_once() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let config = t.config("", RETRY_4_FAST);
+    let a = TestServer::start_on_postgres(&config).await;
+    connected(&a).await;
+    let b = a.start_beside(&config).await;
+    connected(&b).await;
+    assert!(a.engine.bridges().drop_connection_before_next_ack("orders"));
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        Some(1),
+        seen.clone(),
+    ));
+    let publisher = conn.create_channel().await.unwrap();
+    const N: usize = 40;
+    for i in 0..N {
+        let props = BasicProperties::default().with_message_id(ShortString::from(format!("n-{i}")));
+        publish_raw(&t, &publisher, format!("job {i}").as_bytes(), props).await;
+    }
+    // Every message seen twice by the work queue's consumer, and done in the store.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let twice = seen
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|v| v.len() >= 2)
+            .count();
+        let stored = messages_of(&a, &t.queue).await;
+        let done = stored.iter().filter(|m| m["state"] == "done").count();
+        if twice == N && done == N {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every message came back once and was done: seen twice {twice}, done {done} of {N}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // room for a second republish
+    let seen = seen.lock().unwrap().clone();
+    let counts: Vec<usize> = seen.values().map(Vec::len).collect();
+    assert_eq!(seen.len(), N, "ids seen: {:?}", seen.keys());
+    assert!(
+        counts.iter().all(|c| *c == 2),
+        "a message was republished twice or not at all: {counts:?}"
+    );
+    let stored = messages_of(&a, &t.queue).await;
+    assert_eq!(stored.len(), N, "a message was stored twice or lost");
+    let ba = a.get("/v1/bridges").await.1["bridges"][0].clone();
+    let bb = b.get("/v1/bridges").await.1["bridges"][0].clone();
+    let sum = |k: &str| ba[k].as_u64().unwrap_or(0) + bb[k].as_u64().unwrap_or(0);
+    println!(
+        "bridge on two nodes: stored={} intake a={} b={} duplicates={} republished a={} b={}",
+        stored.len(),
+        ba["intake"],
+        bb["intake"],
+        sum("duplicates"),
+        ba["republished"],
+        bb["republished"]
+    );
+    assert_eq!(sum("republished"), N as u64, "{ba} {bb}");
+    assert!(
+        sum("duplicates") >= 1,
+        "the dropped batch came back: {ba} {bb}"
+    );
+    assert_eq!(intake_markers(&a, &t.queue).await, Vec::new());
+    b.stop().await;
+    a.stop().await;
+    t.delete(&admin).await;
 }
