@@ -54,7 +54,7 @@
 mod common;
 
 use common::pg::{ensure_pg_up, pg_ctl, psql, PgUp, Schema, PG_URL};
-use common::{free_port, start_wrapped, wait_ready, Node};
+use common::{cluster_view, free_port, start_wrapped, wait_ready, Node};
 use redrive_client::{
     BatchItem, BatchResult, Client, Error, ExportFormat, Filter, LeaseRequest, NackError, Publish,
 };
@@ -784,25 +784,6 @@ async fn inject(f: Fault, cluster: &mut Cluster, client: &reqwest::Client) -> St
             format!("{n} connections terminated")
         }
     }
-}
-
-/// `GET /v1/cluster` on node `i`: (live node names, the leader's name).
-async fn cluster_view(client: &reqwest::Client, base: &str) -> Option<(Vec<String>, String)> {
-    let v: serde_json::Value = client
-        .get(format!("{base}/v1/cluster"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    let live = v["nodes"]
-        .as_array()?
-        .iter()
-        .filter(|n| n["live"] == true)
-        .filter_map(|n| n["node"].as_str().map(str::to_owned))
-        .collect();
-    Some((live, v["leader"]["node"].as_str()?.to_owned()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -84,6 +84,50 @@ async fn task_until(api: &Client, id: &str, until: impl Fn(&Task) -> bool) -> Ta
     }
 }
 
+/// Of the `n` messages of `bulk` (all must be there): how many the task `task` redrove
+/// twice or more, and how many it never redrove (their histories' `redriven` entries
+/// naming it).
+async fn redriven_by(api: &Client, task: &str, n: usize) -> (usize, usize) {
+    let f = redrive_client::Filter {
+        queue: Some("bulk".into()),
+        ..redrive_client::Filter::default()
+    };
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = api
+            .search(&f, Some(1_000), cursor.as_deref())
+            .await
+            .unwrap();
+        ids.extend(page.messages.iter().map(|m| m.id.to_string()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(ids.len(), n, "messages lost or added");
+    let (mut twice, mut never) = (0, 0);
+    for chunk in ids.chunks(64) {
+        let got = futures_util::future::join_all(chunk.iter().map(|id| api.get(id))).await;
+        for m in got {
+            let by_task = m
+                .unwrap()
+                .history
+                .iter()
+                .filter(|h| {
+                    matches!(&h.event, HistoryEvent::Redriven { task: Some(t), .. } if t == task)
+                })
+                .count();
+            match by_task {
+                0 => never += 1,
+                1 => {}
+                _ => twice += 1,
+            }
+        }
+    }
+    (twice, never)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_redrive_resumes_after_kill_9_and_acts_on_each_message_once() {
     let n: usize = std::env::var("REDRIVE_TASK_CRASH_MESSAGES")
@@ -131,47 +175,7 @@ async fn bulk_redrive_resumes_after_kill_9_and_acts_on_each_message_once() {
     assert_eq!((done.done, done.failed), (n as u64, 0), "{done:?}");
 
     // Every message: redriven exactly once, by this task.
-    let mut twice = 0;
-    let mut never = 0;
-    let ids: Vec<String> = {
-        let mut ids = Vec::new();
-        let mut cursor: Option<String> = None;
-        let f = redrive_client::Filter {
-            queue: Some("bulk".into()),
-            ..redrive_client::Filter::default()
-        };
-        loop {
-            let page = api
-                .search(&f, Some(1_000), cursor.as_deref())
-                .await
-                .unwrap();
-            ids.extend(page.messages.iter().map(|m| m.id.to_string()));
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
-        ids
-    };
-    assert_eq!(ids.len(), n, "messages lost or added");
-    for chunk in ids.chunks(64) {
-        let got = futures_util::future::join_all(chunk.iter().map(|id| api.get(id))).await;
-        for m in got {
-            let m = m.unwrap();
-            let by_task = m
-                .history
-                .iter()
-                .filter(|h| {
-                    matches!(&h.event, HistoryEvent::Redriven { task: Some(t), .. } if *t == task.id)
-                })
-                .count();
-            match by_task {
-                0 => never += 1,
-                1 => {}
-                _ => twice += 1,
-            }
-        }
-    }
+    let (twice, never) = redriven_by(&api, &task.id, n).await;
     let q = api.queue("bulk").await.unwrap();
     println!(
         "task crash test: {n} dead letters, redrive task killed -9 at done ≈ {kills:?}, \
@@ -181,19 +185,6 @@ async fn bulk_redrive_resumes_after_kill_9_and_acts_on_each_message_once() {
     assert_eq!((twice, never), (0, 0));
     assert_eq!((q.counts["ready"], q.counts["dead"]), (n as u64, 0));
     node.child.kill().unwrap();
-}
-
-/// The leader of `GET /v1/cluster` on `base`, when there is one.
-async fn leader_of(http: &reqwest::Client, base: &str) -> Option<String> {
-    let v: serde_json::Value = http
-        .get(format!("{base}/v1/cluster"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    v["leader"]["node"].as_str().map(str::to_owned)
 }
 
 /// The same task on a cluster of two nodes on one PostgreSQL schema (SPEC §13: a bulk task
@@ -275,7 +266,7 @@ async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
         async move {
             let deadline = Instant::now() + Duration::from_secs(15);
             loop {
-                if let Some(l) = leader_of(&http, &base).await {
+                if let Some((_, Some(l))) = common::cluster_view(&http, &base).await {
                     return l;
                 }
                 assert!(Instant::now() < deadline, "no leader within 15 s");
@@ -332,44 +323,7 @@ async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
     let done = task_until(&apis[first], &task.id, Task::is_final).await;
     assert_eq!(done.state, "done", "{done:?}");
     assert_eq!((done.done, done.failed), (n as u64, 0), "{done:?}");
-    let mut twice = 0;
-    let mut never = 0;
-    let f = redrive_client::Filter {
-        queue: Some("bulk".into()),
-        ..redrive_client::Filter::default()
-    };
-    let mut ids = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = apis[first]
-            .search(&f, Some(1_000), cursor.as_deref())
-            .await
-            .unwrap();
-        ids.extend(page.messages.iter().map(|m| m.id.to_string()));
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
-    assert_eq!(ids.len(), n, "messages lost or added");
-    for chunk in ids.chunks(64) {
-        let got = futures_util::future::join_all(chunk.iter().map(|id| apis[other].get(id))).await;
-        for m in got {
-            let m = m.unwrap();
-            let by_task = m
-                .history
-                .iter()
-                .filter(|h| {
-                    matches!(&h.event, HistoryEvent::Redriven { task: Some(t), .. } if *t == task.id)
-                })
-                .count();
-            match by_task {
-                0 => never += 1,
-                1 => {}
-                _ => twice += 1,
-            }
-        }
-    }
+    let (twice, never) = redriven_by(&apis[other], &task.id, n).await;
     println!(
         "task cluster test: {n} dead letters on 2 nodes; leader t{first} killed -9 at done={}, \
          t{other} went on after {took_over_ms} ms (done={}); t{other} paused at done={}, t{first} \

@@ -121,3 +121,26 @@ pub async fn wait_ready(client: &reqwest::Client, node: &mut Node) -> bool {
     }
     false
 }
+
+/// `GET /v1/cluster` on `base`: the names of the live nodes, and the leader's (if one
+/// leads); `None` when the node does not answer it.
+pub async fn cluster_view(
+    client: &reqwest::Client,
+    base: &str,
+) -> Option<(Vec<String>, Option<String>)> {
+    let v: serde_json::Value = client
+        .get(format!("{base}/v1/cluster"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let live = v["nodes"]
+        .as_array()?
+        .iter()
+        .filter(|n| n["live"] == true)
+        .filter_map(|n| n["node"].as_str().map(str::to_owned))
+        .collect();
+    Some((live, v["leader"]["node"].as_str().map(str::to_owned)))
+}
