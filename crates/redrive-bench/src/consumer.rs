@@ -159,6 +159,16 @@ impl Urls {
         }
     }
 
+    /// These URLs on the node task `task` is given ([`super::on_node`]).
+    pub fn on_node(&self, nodes: &[Url], task: usize) -> Self {
+        Self {
+            lease: super::on_node(&self.lease, nodes, task),
+            ack: super::on_node(&self.ack, nodes, task),
+            nack: super::on_node(&self.nack, nodes, task),
+            ..self.clone()
+        }
+    }
+
     /// Whether acks and nacks go one message per request to `/v1/messages/{id}/ack|nack`.
     pub fn single(&self) -> bool {
         self.single
@@ -189,7 +199,7 @@ pub async fn settle(
         return Some(Vec::new());
     }
     if urls.single {
-        return Some(settle_one_by_one(ctx, items, nack).await);
+        return Some(settle_one_by_one(ctx, &urls.ack, items, nack).await);
     }
     let body = serde_json::to_string(&Batch { items }).ok()?;
     let url = if nack { &urls.nack } else { &urls.ack };
@@ -213,13 +223,22 @@ pub async fn settle(
     Some(answer.items)
 }
 
-/// Ack or nack `items` one request each (`POST /v1/messages/{id}/ack|nack`), in
-/// order; an item whose request failed gets status 0 (the failure is in the tally).
-async fn settle_one_by_one(ctx: &Ctx, items: &[Item<'_>], nack: bool) -> Vec<ItemResult> {
+/// Ack or nack `items` one request each (`POST /v1/messages/{id}/ack|nack`, on the node
+/// of `node`, a URL of it), in order; an item whose request failed gets status 0 (the
+/// failure is in the tally).
+async fn settle_one_by_one(
+    ctx: &Ctx,
+    node: &Url,
+    items: &[Item<'_>],
+    nack: bool,
+) -> Vec<ItemResult> {
     let verb = if nack { "nack" } else { "ack" };
     let mut out = Vec::with_capacity(items.len());
     for item in items {
-        let url = ctx.url(&["v1", "messages", item.id, verb]);
+        let mut url = ctx.url(&["v1", "messages", item.id, verb]);
+        // Both are http URLs with a host: these cannot fail.
+        let _ = url.set_host(node.host_str());
+        let _ = url.set_port(node.port());
         let failed = ItemResult {
             status: 0,
             message: None,

@@ -109,6 +109,7 @@ pub async fn run(
     let deadline = start + Duration::from_millis(args.timeout.ms());
     let plan = PublishPlan {
         url: ctx.url(&["v1", "queues", &ctx.queue, "messages"]),
+        nodes: args.also_server.clone(),
         batch: args.publish_batch.unwrap_or(args.batch) as u64,
         limit: Some(target),
         claimed: Arc::new(AtomicU64::new(0)),
@@ -118,8 +119,9 @@ pub async fn run(
     };
     let urls = Urls::new(&ctx, args.batch, "1s");
     let mut set = JoinSet::new();
-    for _ in 0..consumers {
-        set.spawn(consume(ctx.clone(), urls.clone(), retry, target, deadline));
+    for i in 0..consumers {
+        let urls = urls.on_node(&args.also_server, i);
+        set.spawn(consume(ctx.clone(), urls, retry, target, deadline));
     }
     let publishing = async {
         let out = publish_all(&ctx, publishers, &plan).await;

@@ -93,6 +93,7 @@ pub async fn run(
     });
     let plan = PublishPlan {
         url: ctx.url(&["v1", "queues", &ctx.queue, "messages"]),
+        nodes: Vec::new(),
         batch: args.batch as u64,
         limit: Some(target),
         claimed: Arc::new(AtomicU64::new(0)),

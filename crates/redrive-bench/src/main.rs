@@ -108,6 +108,11 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Workload::Publish)]
     pub workload: Workload,
+    /// cycle and retry-cycle: another node of the server's cluster (repeat for each). The
+    /// publishing and consuming tasks are spread over --server and these, one node per
+    /// task in turn; a consumer acks on the node it leased from.
+    #[arg(long = "also-server", value_name = "URL", value_parser = parse_server_url)]
+    pub also_server: Vec<Url>,
     /// Concurrent connections (one task each); in cycle, retry-cycle and delayed they include
     /// the --publishers.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -392,7 +397,25 @@ impl Ctx {
     pub fn url(&self, segments: &[&str]) -> Url {
         self.api.url(segments, &[])
     }
+}
 
+/// `url` sent to the node `task` is given: for task `i` of a run over `nodes` (the
+/// --also-server list; empty: the server alone), the server for i = 0, `nodes[i - 1]`
+/// for the next ones, and so on in turn.
+pub fn on_node(url: &Url, nodes: &[Url], task: usize) -> Url {
+    let i = task % (nodes.len() + 1);
+    if i == 0 {
+        return url.clone();
+    }
+    let node = &nodes[i - 1];
+    let mut u = url.clone();
+    // Both are http URLs with a host (parse_server_url): these cannot fail.
+    let _ = u.set_host(node.host_str());
+    let _ = u.set_port(node.port());
+    u
+}
+
+impl Ctx {
     /// POST a JSON body; the answer's bytes on 2xx, `None` (error counted) otherwise.
     pub async fn post(&self, url: &Url, body: String) -> Option<bytes::Bytes> {
         use redrive_client::Error as E;
@@ -709,6 +732,21 @@ mod tests {
         p.finish(5, 10);
         assert!(p.is_done());
         assert!(p.reached_at.get().is_some());
+    }
+
+    #[test]
+    fn tasks_go_to_the_nodes_in_turn() {
+        let url: Url = "http://127.0.0.1:7091/v1/queues/q/leases".parse().unwrap();
+        let nodes: Vec<Url> = ["http://127.0.0.1:7092", "http://127.0.0.2:7093"]
+            .iter()
+            .map(|u| u.parse().unwrap())
+            .collect();
+        let at = |task| on_node(&url, &nodes, task).to_string();
+        assert_eq!(at(0), "http://127.0.0.1:7091/v1/queues/q/leases");
+        assert_eq!(at(1), "http://127.0.0.1:7092/v1/queues/q/leases");
+        assert_eq!(at(2), "http://127.0.0.2:7093/v1/queues/q/leases");
+        assert_eq!(at(3), at(0));
+        assert_eq!(on_node(&url, &[], 5), url, "no other node: the server");
     }
 
     #[test]

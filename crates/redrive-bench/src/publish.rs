@@ -25,6 +25,9 @@ pub fn plain_item() -> ItemFn {
 pub struct PublishPlan {
     /// `POST /v1/queues/{queue}/messages`.
     pub url: Url,
+    /// Other nodes of the server's cluster: task i publishes to [`super::on_node`]`(url,
+    /// nodes, i)` (empty: all to `url`).
+    pub nodes: Vec<Url>,
     /// Messages per request; 0 means one message per request in the single form (no `messages` array).
     pub batch: u64,
     /// Stop after this many messages in all tasks (claimed from `claimed`).
@@ -106,8 +109,10 @@ pub async fn publish_all(
     plan: &PublishPlan,
 ) -> anyhow::Result<PublisherOutcome> {
     let mut set = JoinSet::new();
-    for _ in 0..tasks {
-        set.spawn(publisher(ctx.clone(), plan.clone()));
+    for i in 0..tasks {
+        let mut p = plan.clone();
+        p.url = super::on_node(&plan.url, &plan.nodes, i);
+        set.spawn(publisher(ctx.clone(), p));
     }
     let mut total = PublisherOutcome::default();
     while let Some(r) = set.join_next().await {
@@ -150,6 +155,7 @@ pub async fn run(
     };
     let plan = PublishPlan {
         url: ctx.url(&["v1", "queues", &ctx.queue, "messages"]),
+        nodes: Vec::new(),
         batch: if args.workload == Workload::Publish {
             0
         } else {

@@ -34,6 +34,7 @@ pub async fn run(
     tokio::time::sleep(Duration::from_millis(100)).await;
     let plan = PublishPlan {
         url: ctx.url(&["v1", "queues", QUEUE, "messages"]),
+        nodes: Vec::new(),
         batch: u64::from(args.batch),
         limit: Some(messages),
         claimed: Arc::new(AtomicU64::new(0)),
