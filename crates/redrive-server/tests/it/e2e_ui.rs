@@ -824,7 +824,7 @@ async fn without_tokens_a_form_of_one_node_is_accepted_by_another() {
 async fn a_store_failure_while_checking_the_session_is_503_and_signs_nobody_out() {
     let (s, faulty) = TestServer::start_with_faulty_store(
         &format!("{FAST}\n{}", tokens()),
-        std::sync::Arc::new(redrive_server::engine::SystemClock),
+        std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
     )
     .await;
     let mut c = Console::new(&s);
