@@ -33,6 +33,15 @@
 //!   ([`redrive_push::send::message_headers`]; the sender never sends a transport header
 //!   whatever it is given).
 //!
+//! **In a cluster** (SPEC §13) an endpoint's `concurrency` and `rate_limit` hold for all the
+//! nodes together: each node enforces its share ([`redrive_push::share`]: of `N` live nodes
+//! sorted by incarnation, the node at rank `r` takes `floor(c / N)` calls in flight, one more
+//! when `r < c mod N`, and `rate / N` calls per second), learnt at each heartbeat
+//! ([`super::cluster::Membership::subscribe_rank`]) and applied in place
+//! ([`Protection::set_limits`]: calls in flight and the breaker kept). Until its rank is
+//! known a node calls nothing; a node whose share is 0 (`c < N`) leases nothing for that
+//! endpoint: its workers wait for the share to change.
+//!
 //! An attempt's history entry records the status, the latency and the first 1 KiB of the
 //! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
 //! [`LEASE_MARGIN_MS`] (5 s): if redrive dies mid-call, the message is delivered again after
@@ -48,6 +57,7 @@ use redrive_push::protect::{
     BreakerConfig, BreakerState, Outcome, Protection, ProtectionConfig, Snapshot, Wait, WaitReason,
 };
 use redrive_push::send::{BuildError, Request, Sender, SenderConfig};
+use redrive_push::share::{share, Rank};
 use redrive_push::signing::{signature_header, Secret};
 use redrive_push::ssrf::Guard;
 use redrive_push::{Method, Url};
@@ -203,6 +213,12 @@ pub struct Endpoint {
     label: String,
     queues: Vec<String>,
     protection: Mutex<Protection>,
+    /// The cluster-wide limits (of the first queue by name); the protection holds this
+    /// node's share of them.
+    concurrency: u32,
+    rate_limit_per_s: Option<f64>,
+    /// The rank the share was taken for (`None`: not known yet, nothing is called).
+    rank: Mutex<Option<Rank>>,
     changed: Notify,
     sender: Sender,
     parked: Mutex<HashSet<MessageId>>,
@@ -224,6 +240,14 @@ pub struct EndpointView {
     pub parked: u64,
     /// How long the breaker has been in its state, ms.
     pub state_for_ms: u64,
+    /// The configured concurrency, for the whole cluster (the snapshot's is this node's
+    /// share).
+    pub concurrency: u32,
+    /// The configured rate limit, for the whole cluster (the snapshot's is this node's
+    /// share).
+    pub rate_limit_per_s: Option<f64>,
+    /// The rank this node's share was taken for (`None`: not known yet).
+    pub rank: Option<Rank>,
 }
 
 impl Endpoint {
@@ -285,7 +309,30 @@ impl Endpoint {
             state_for_ms: now.saturating_sub(snapshot.state_since_ms),
             snapshot,
             parked: self.parked_set().len() as u64,
+            concurrency: self.concurrency,
+            rate_limit_per_s: self.rate_limit_per_s,
+            rank: *self.rank.lock().unwrap_or_else(PoisonError::into_inner),
         }
+    }
+
+    /// Take this node's share of the endpoint's limits for `rank` (`None`: none at all,
+    /// until the rank is known); wake the workers.
+    fn take_share(&self, rank: Option<Rank>) {
+        let (concurrency, rate) = match rank {
+            Some(r) => {
+                let s = share(self.concurrency, self.rate_limit_per_s, r);
+                (s.concurrency, s.rate_limit_per_s)
+            }
+            None => (0, self.rate_limit_per_s),
+        };
+        *self.rank.lock().unwrap_or_else(PoisonError::into_inner) = rank;
+        self.with_protection(|p, now| p.set_limits(now, concurrency, rate));
+        self.changed.notify_waiters();
+    }
+
+    /// Whether this node may call the endpoint at all now (its share is not 0).
+    fn has_share(&self) -> bool {
+        self.protection().config().concurrency > 0
     }
 
     fn gauges(&self) -> EndpointGauges {
@@ -338,6 +385,8 @@ pub struct Endpoints {
     labelled: Mutex<HashSet<String>>,
     guard: Arc<Guard>,
     epoch: Instant,
+    /// This node's rank in its cluster, as last applied (`None`: not known yet).
+    rank: Mutex<Option<Rank>>,
 }
 
 impl Default for Endpoints {
@@ -349,6 +398,7 @@ impl Default for Endpoints {
             labelled: Mutex::default(),
             guard: Arc::default(),
             epoch: Instant::now(),
+            rank: Mutex::default(),
         }
     }
 }
@@ -369,11 +419,17 @@ fn make_endpoint(
         pool_idle: settings.concurrency as usize,
         guard: guard.clone(),
     })?;
+    let mut protection = Protection::new(settings.protection(), 0);
+    // Nothing is called before this node knows its share ([`Endpoints::set_rank`]).
+    protection.set_limits(0, 0, settings.rate_limit_per_s);
     Ok(Endpoint {
         key,
         label,
         queues,
-        protection: Mutex::new(Protection::new(settings.protection(), 0)),
+        protection: Mutex::new(protection),
+        concurrency: settings.concurrency,
+        rate_limit_per_s: settings.rate_limit_per_s,
+        rank: Mutex::new(None),
         changed: Notify::new(),
         sender,
         parked: Mutex::new(HashSet::new()),
@@ -419,7 +475,17 @@ impl Endpoints {
             labelled: Mutex::default(),
             guard: config.guard.clone(),
             epoch,
+            rank: Mutex::default(),
         })
+    }
+
+    /// This node's rank in its cluster changed: every endpoint takes its share of its
+    /// limits for it (endpoints made later take it when made).
+    pub fn set_rank(&self, rank: Rank) {
+        *self.rank.lock().unwrap_or_else(PoisonError::into_inner) = Some(rank);
+        for e in self.all() {
+            e.take_share(Some(rank));
+        }
     }
 
     /// Whether messages of `queue` may carry their own `target_url`.
@@ -477,6 +543,7 @@ impl Endpoints {
                 return None;
             }
         };
+        endpoint.take_share(*self.rank.lock().unwrap_or_else(PoisonError::into_inner));
         targets.insert(key, endpoint.clone());
         Some(endpoint)
     }
@@ -515,13 +582,39 @@ impl Endpoints {
     }
 }
 
-/// Start one worker per push queue.
+/// Start one worker per push queue, and the task that gives the endpoints this node's
+/// share of their limits whenever its rank in the cluster changes.
 pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
     let queues: Vec<String> = engine.push().by_queue.keys().cloned().collect();
-    queues
-        .into_iter()
-        .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone())))
-        .collect()
+    if queues.is_empty() {
+        return Vec::new();
+    }
+    let mut tasks = vec![tokio::spawn(follow_rank(engine.clone(), stop.clone()))];
+    tasks.extend(
+        queues
+            .into_iter()
+            .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone()))),
+    );
+    tasks
+}
+
+/// Apply each rank the heartbeat learns ([`super::cluster::Membership::subscribe_rank`])
+/// to the endpoints, until `stop`.
+async fn follow_rank(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut rank = engine.membership().subscribe_rank();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let now = *rank.borrow_and_update();
+        if let Some(r) = now {
+            engine.push().set_rank(r);
+        }
+        tokio::select! {
+            changed = rank.changed() => if changed.is_err() { return },
+            _ = stop.changed() => {}
+        }
+    }
 }
 
 /// Deliver `queue`'s messages with the consume driver until `stop`; then let the calls in
@@ -562,7 +655,24 @@ impl Deliverer for Pusher {
     async fn admit(&mut self) -> LeaseAsk {
         let ep = &self.ep;
         while self.calls.try_join_next().is_some() {}
-        if !self.settings.allow_message_targets {
+        if self.settings.allow_message_targets {
+            // Each message is judged by its own endpoint after the lease, but every endpoint
+            // of this queue has this queue's limits, so the same share: with none, lease
+            // nothing (rather than lease and park in a loop).
+            loop {
+                let changed = ep.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if ep.has_share() {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(redrive_push::protect::NO_SHARE_POLL_MS)) => {}
+                    _ = &mut changed => {}
+                }
+                while self.calls.try_join_next().is_some() {}
+            }
+        } else {
             loop {
                 let changed = ep.changed.notified();
                 tokio::pin!(changed);

@@ -461,6 +461,42 @@ async fn a_push_queue_has_no_pull_consumers_and_its_endpoint_is_listed() {
     s.stop().await;
 }
 
+/// SPEC §13 on one node: the node's share of an endpoint's limits is the whole limit (the
+/// embedded store is a cluster of one; on PostgreSQL this test's schema has one node too).
+#[tokio::test]
+async fn a_single_node_takes_the_whole_limit() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(
+        &mock.url("/hook"),
+        "concurrency = 5\nrate_limit = \"40/s\"",
+        true,
+    )
+    .await;
+    let mut e = Value::Null;
+    for _ in 0..500 {
+        let (_, list) = s.get("/v1/endpoints").await;
+        e = list["endpoints"][0].clone();
+        if !e["share"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("single node share: {}", e["share"]);
+    assert_eq!(e["concurrency"], 5, "{e}");
+    assert_eq!(e["rate_limit_per_second"], 40.0, "{e}");
+    assert_eq!(
+        e["share"],
+        json!({"nodes": 1, "rank": 0, "concurrency": 5, "rate_limit_per_second": 40.0}),
+        "{e}"
+    );
+    // And it is used: a publish is delivered.
+    let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
+    until_state(&s, &id, "done").await;
+    let (_, page) = s.get_text("/ui/endpoints").await;
+    assert!(page.contains("this node (1 of 1): 5 in flight, 40.0/s"), "{page}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn bad_push_config_is_refused_naming_the_key() {
     let cases = [
