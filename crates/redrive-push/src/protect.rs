@@ -48,6 +48,10 @@
 //!   failure_ratio` → *Closed* (window emptied); as soon as the ratio is above it with at
 //!   least `min(min_calls, trickle_calls)` outcomes → *Open* (period `open_ms`).
 //! - `opened_total` counts every entry into Open.
+//! - *Shared in a cluster*: an opening from Closed by the outcomes recorded here is a *trip*
+//!   ([`Protection::take_trip`]), which the server records for the other nodes; a node told
+//!   of another's trip holds its own breaker open for the rest of that period
+//!   ([`Protection::force_open`]) and then probes like after any open period.
 //!
 //! **AIMD pace** (only with a breaker; without one, "protection off": no breaker, no pace).
 //! `None` means unpaced, the initial state, so a fresh endpoint is never throttled.
@@ -516,6 +520,9 @@ pub struct Protection {
     pace_limited_sec: Option<u64>,
     /// When the breaker first opened in this outage (opened from Closed).
     down_since_ms: u64,
+    /// The open period of the latest opening from Closed by this protection's own outcomes,
+    /// until taken ([`Protection::take_trip`]).
+    trip: Option<u64>,
 }
 
 impl Protection {
@@ -565,6 +572,7 @@ impl Protection {
             slow_start: false,
             pace_limited_sec: None,
             down_since_ms: now_ms,
+            trip: None,
         }
     }
 
@@ -745,19 +753,8 @@ impl Protection {
                 let ratio_over = calls >= cfg.min_calls
                     && f64::from(failures) / f64::from(calls) > cfg.failure_ratio;
                 if ratio_over || self.consecutive_failures >= cfg.min_calls.max(1) {
-                    // A new outage: remember what the endpoint took before it.
-                    let this_second = self.second.calls - self.second.failures;
-                    self.remembered_per_s = f64::from(
-                        self.accepted
-                            .iter()
-                            .filter(|(sec, _)| sec + ACCEPTED_MEMORY_S > now / 1000)
-                            .map(|(_, n)| *n)
-                            .chain([this_second])
-                            .max()
-                            .unwrap_or(0),
-                    );
-                    self.down_since_ms = now;
-                    self.open(now, cfg.open_ms);
+                    self.open_from_closed(now, cfg.open_ms);
+                    self.trip = Some(cfg.open_ms);
                 }
             }
             BreakerState::Open => {}
@@ -793,6 +790,42 @@ impl Protection {
                     self.window.clear();
                     self.slack_seconds = 0;
                 }
+            }
+        }
+    }
+
+    /// The open period (ms) of the latest time the breaker opened from Closed by the
+    /// outcomes recorded here (not by [`Protection::force_open`]), once: the server records
+    /// it as a trip for the other nodes of its cluster.
+    pub fn take_trip(&mut self) -> Option<u64> {
+        self.trip.take()
+    }
+
+    /// Another node's breaker for this endpoint opened (SPEC §13: the breaker is shared):
+    /// hold this one open until `now_ms + for_ms`, then probe as after any open period.
+    /// Closed: opens as if by its own outcomes (a new outage: the rate accepted before it
+    /// is remembered for the ramp, `opened_total` + 1) but is no trip of its own
+    /// ([`Protection::take_trip`] stays empty). Open: its period ends at the later of the
+    /// two ends. HalfOpen or Recovering: open again for `for_ms` (the outage goes on; a
+    /// probe out is answered into an open breaker and moves nothing). Without a breaker,
+    /// nothing. Answers whether the state changed.
+    pub fn force_open(&mut self, now_ms: u64, for_ms: u64) -> bool {
+        let now = self.tick(now_ms);
+        if self.config.breaker.is_none() || for_ms == 0 {
+            return false;
+        }
+        match self.state {
+            BreakerState::Closed => {
+                self.open_from_closed(now, for_ms);
+                true
+            }
+            BreakerState::Open => {
+                self.open_until_ms = self.open_until_ms.max(now.saturating_add(for_ms));
+                false
+            }
+            BreakerState::HalfOpen | BreakerState::Recovering => {
+                self.open(now, for_ms);
+                true
             }
         }
     }
@@ -976,6 +1009,22 @@ impl Protection {
                 self.pace_bucket = Some(b);
             }
         }
+    }
+
+    /// A new outage: remember what the endpoint took before it, open for `period_ms`.
+    fn open_from_closed(&mut self, now: u64, period_ms: u64) {
+        let this_second = self.second.calls - self.second.failures;
+        self.remembered_per_s = f64::from(
+            self.accepted
+                .iter()
+                .filter(|(sec, _)| sec + ACCEPTED_MEMORY_S > now / 1000)
+                .map(|(_, n)| *n)
+                .chain([this_second])
+                .max()
+                .unwrap_or(0),
+        );
+        self.down_since_ms = now;
+        self.open(now, period_ms);
     }
 
     fn enter(&mut self, state: BreakerState, at: u64) {
@@ -1833,7 +1882,10 @@ mod tests {
         assert_eq!(after.state, Open);
         assert_eq!(after.opened_total, before.opened_total);
         assert_eq!(after.state_since_ms, before.state_since_ms);
-        assert_eq!(p.try_acquire(10_001, false), wait(15_000, WaitReason::Breaker));
+        assert_eq!(
+            p.try_acquire(10_001, false),
+            wait(15_000, WaitReason::Breaker)
+        );
         // And a pace above a lowered rate limit comes down to it.
         let mut p = opened_at(0);
         assert_eq!(p.try_acquire(5_000, false), Ok(()));
@@ -1842,6 +1894,73 @@ mod tests {
         let pace = p.pace_per_s().unwrap();
         p.set_limits(5_000, 4, Some(pace / 2.0));
         assert_eq!(p.pace_per_s(), Some(pace / 2.0));
+    }
+
+    #[test]
+    fn force_open_holds_the_breaker_open_for_the_period_then_probes() {
+        // Closed: opens for the period given, counted, remembering the accepted rate; no
+        // trip of its own.
+        let mut p = Protection::new(config(), 0);
+        calls(&mut p, 0, 30, Outcome::Success);
+        assert!(p.force_open(500, 2_000));
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.snapshot(500).opened_total, 1);
+        assert_eq!(
+            p.take_trip(),
+            None,
+            "a forced opening is no trip of its own"
+        );
+        assert_eq!(p.try_acquire(500, false), wait(2_500, WaitReason::Breaker));
+        // Open: a later end extends it, an earlier one does not shorten it.
+        assert!(!p.force_open(600, 1_000));
+        assert_eq!(p.try_acquire(600, false), wait(2_500, WaitReason::Breaker));
+        assert!(!p.force_open(700, 3_000));
+        assert_eq!(
+            p.try_acquire(3_699, false),
+            wait(3_700, WaitReason::Breaker)
+        );
+        // Then one probe; a good one recovers at the rate accepted before (30/s).
+        assert_eq!(p.try_acquire(3_700, false), Ok(()));
+        assert_eq!(p.state(), HalfOpen);
+        assert_eq!(
+            p.try_acquire(3_700, false),
+            wait(3_750, WaitReason::Breaker)
+        );
+        p.record(3_710, Outcome::Success);
+        assert_eq!(p.state(), Recovering);
+        assert_eq!(p.pace_per_s(), Some(30.0));
+        // Recovering (or HalfOpen): open again for the period.
+        assert!(p.force_open(4_000, 1_000));
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.snapshot(4_000).opened_total, 2);
+        assert_eq!(
+            p.try_acquire(4_000, false),
+            wait(5_000, WaitReason::Breaker)
+        );
+        // A probe answered while open moves nothing.
+        p.record(4_100, Outcome::Success);
+        assert_eq!(p.state(), Open);
+
+        // Its own outcomes opening it from Closed are a trip, taken once.
+        let mut p = opened_at(1_000);
+        assert_eq!(p.take_trip(), Some(5_000));
+        assert_eq!(p.take_trip(), None);
+        // A failed probe reopens it: no new trip.
+        assert_eq!(p.try_acquire(6_000, false), Ok(()));
+        p.record(6_000, Outcome::Failure);
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.take_trip(), None);
+
+        // Without a breaker nothing opens.
+        let mut p = Protection::new(
+            ProtectionConfig {
+                breaker: None,
+                ..config()
+            },
+            0,
+        );
+        assert!(!p.force_open(0, 5_000));
+        assert_eq!(p.try_acquire(0, false), Ok(()));
     }
 
     #[test]

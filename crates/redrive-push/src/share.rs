@@ -71,12 +71,21 @@ mod tests {
     fn examples() {
         let at = |nodes, rank| Rank::new(nodes, rank);
         assert_eq!(share(16, Some(200.0), Rank::ALONE).concurrency, 16);
-        assert_eq!(share(16, Some(200.0), Rank::ALONE).rate_limit_per_s, Some(200.0));
-        let c: Vec<u32> = (0..3).map(|r| share(3, None, at(3, r)).concurrency).collect();
+        assert_eq!(
+            share(16, Some(200.0), Rank::ALONE).rate_limit_per_s,
+            Some(200.0)
+        );
+        let c: Vec<u32> = (0..3)
+            .map(|r| share(3, None, at(3, r)).concurrency)
+            .collect();
         assert_eq!(c, [1, 1, 1]);
-        let c: Vec<u32> = (0..3).map(|r| share(4, None, at(3, r)).concurrency).collect();
+        let c: Vec<u32> = (0..3)
+            .map(|r| share(4, None, at(3, r)).concurrency)
+            .collect();
         assert_eq!(c, [2, 1, 1]);
-        let c: Vec<u32> = (0..3).map(|r| share(2, None, at(3, r)).concurrency).collect();
+        let c: Vec<u32> = (0..3)
+            .map(|r| share(2, None, at(3, r)).concurrency)
+            .collect();
         assert_eq!(c, [1, 1, 0]);
         assert_eq!(share(3, Some(30.0), at(3, 2)).rate_limit_per_s, Some(10.0));
         assert_eq!(share(3, None, at(3, 2)).rate_limit_per_s, None);

@@ -303,7 +303,12 @@ mod tests {
         let view = ClusterView {
             at: Timestamp::from_millis(10_000),
             // Oldest first, as stores list them: not the order of the ranks.
-            nodes: vec![node("c", 9_900), node("a", 9_800), node("b", 6_000), node("d", 7_000)],
+            nodes: vec![
+                node("c", 9_900),
+                node("a", 9_800),
+                node("b", 6_000),
+                node("d", 7_000),
+            ],
             leader: None,
         };
         // Live within 3 s: a, c, d (b is 4 s old).

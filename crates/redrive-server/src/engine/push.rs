@@ -42,6 +42,15 @@
 //! known a node calls nothing; a node whose share is 0 (`c < N`) leases nothing for that
 //! endpoint: its workers wait for the share to change.
 //!
+//! **The breaker is shared** (SPEC §13): when an endpoint's breaker opens from Closed by
+//! this node's own calls ([`Protection::take_trip`]) the node records a trip in the store
+//! ([`redrive_storage::Store::endpoint_trip`]); every node with push queues reads the trips
+//! open now every [`TRIP_POLL_MS`] ([`redrive_storage::Store::endpoint_trips`]) and holds
+//! its own breaker for that endpoint open for the rest of the period
+//! ([`Protection::force_open`]), so an outage seen by one node parks messages on every node
+//! within about that poll. After the period each node probes on its own, as after any open
+//! period; a failed probe reopens only that node's breaker (no new trip).
+//!
 //! An attempt's history entry records the status, the latency and the first 1 KiB of the
 //! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
 //! [`LEASE_MARGIN_MS`] (5 s): if redrive dies mid-call, the message is delivered again after
@@ -77,6 +86,9 @@ pub const LEASE_MARGIN_MS: u64 = 5_000;
 /// A leased message waits (holding its lease) at most this long for a rate or
 /// concurrency slot; a longer wait parks it.
 pub const HOLD_MAX_MS: u64 = 1_000;
+
+/// How often a node reads the breaker trips of the cluster (while it has push queues), ms.
+pub const TRIP_POLL_MS: u64 = 250;
 
 /// Most messages one lease request takes for an unpaced endpoint.
 const MAX_LEASE_BATCH: u32 = 32;
@@ -219,6 +231,8 @@ pub struct Endpoint {
     rate_limit_per_s: Option<f64>,
     /// The rank the share was taken for (`None`: not known yet, nothing is called).
     rank: Mutex<Option<Rank>>,
+    /// The end (store's clock) of the latest trip of another node applied to the breaker.
+    trip_applied: Mutex<Option<Timestamp>>,
     changed: Notify,
     sender: Sender,
     parked: Mutex<HashSet<MessageId>>,
@@ -335,6 +349,31 @@ impl Endpoint {
         self.protection().config().concurrency > 0
     }
 
+    /// Another node's breaker for this endpoint opened (`trip`, read at `at` on the store's
+    /// clock): hold this one open for the rest of its period, once per trip.
+    fn apply_trip(&self, trip: &redrive_storage::EndpointTrip, at: Timestamp) {
+        {
+            let mut applied = self
+                .trip_applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if applied.is_some_and(|a| a >= trip.open_until) {
+                return;
+            }
+            *applied = Some(trip.open_until);
+        }
+        let left_ms = u64::try_from(trip.open_until.as_millis() - at.as_millis()).unwrap_or(0);
+        if left_ms == 0 {
+            return;
+        }
+        let opened = self.with_protection(|p, now| p.force_open(now, left_ms));
+        if opened {
+            tracing::warn!(endpoint = %self.key, by = %trip.incarnation, open_ms = left_ms,
+                "endpoint breaker opened by another node's: due messages wait here too");
+        }
+        self.changed.notify_waiters();
+    }
+
     fn gauges(&self) -> EndpointGauges {
         let v = self.view();
         EndpointGauges {
@@ -430,6 +469,7 @@ fn make_endpoint(
         concurrency: settings.concurrency,
         rate_limit_per_s: settings.rate_limit_per_s,
         rank: Mutex::new(None),
+        trip_applied: Mutex::new(None),
         changed: Notify::new(),
         sender,
         parked: Mutex::new(HashSet::new()),
@@ -548,6 +588,15 @@ impl Endpoints {
         Some(endpoint)
     }
 
+    /// The endpoint `key` (`scheme://host:port`), configured or a message target made so far.
+    fn find(&self, key: &str) -> Option<Arc<Endpoint>> {
+        if let Some(e) = self.by_key.get(key) {
+            return Some(e.clone());
+        }
+        let targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
+        targets.get(key).cloned()
+    }
+
     fn all(&self) -> Vec<Arc<Endpoint>> {
         let targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
         self.by_key
@@ -589,7 +638,10 @@ pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<Jo
     if queues.is_empty() {
         return Vec::new();
     }
-    let mut tasks = vec![tokio::spawn(follow_rank(engine.clone(), stop.clone()))];
+    let mut tasks = vec![
+        tokio::spawn(follow_rank(engine.clone(), stop.clone())),
+        tokio::spawn(follow_trips(engine.clone(), stop.clone())),
+    ];
     tasks.extend(
         queues
             .into_iter()
@@ -615,6 +667,61 @@ async fn follow_rank(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             _ = stop.changed() => {}
         }
     }
+}
+
+/// Every [`TRIP_POLL_MS`], read the breaker trips open in the cluster and hold this node's
+/// breakers open for the rest of other nodes' trips, until `stop`.
+async fn follow_trips(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mine = engine.membership().incarnation().to_owned();
+    let mut failing = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        match engine
+            .store()
+            .endpoint_trips(engine.clock().for_store())
+            .await
+        {
+            Ok(trips) => {
+                failing = false;
+                for t in trips.open.iter().filter(|t| t.incarnation != mine) {
+                    if let Some(ep) = engine.push().find(&t.endpoint) {
+                        ep.apply_trip(t, trips.at);
+                    }
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read the cluster's breaker trips; this node's breakers go on by themselves");
+                    failing = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(TRIP_POLL_MS)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// This node's breaker for `ep` opened from Closed for `open_ms`: record the trip for the
+/// other nodes (in the background; a failure is logged, the breaker here is open anyway).
+fn report_trip(engine: &Arc<Engine>, ep: &Endpoint, open_ms: u64) {
+    let engine = engine.clone();
+    let endpoint = ep.key.clone();
+    tokio::spawn(async move {
+        let incarnation = engine.membership().incarnation().to_owned();
+        let now = engine.clock().for_store();
+        if let Err(e) = engine
+            .store()
+            .endpoint_trip(endpoint.clone(), incarnation, open_ms, now)
+            .await
+        {
+            tracing::warn!(endpoint = %endpoint, error = %e,
+                "cannot record the breaker's trip: the other nodes' breakers go on by themselves");
+        }
+    });
 }
 
 /// Deliver `queue`'s messages with the consume driver until `stop`; then let the calls in
@@ -942,7 +1049,13 @@ async fn deliver(
     if refused {
         ep.with_protection(|p, now| p.cancel(now));
     } else {
-        ep.with_protection(|p, now| p.record(now, Outcome::from_class(failed_class)));
+        let trip = ep.with_protection(|p, now| {
+            p.record(now, Outcome::from_class(failed_class));
+            p.take_trip()
+        });
+        if let Some(open_ms) = trip {
+            report_trip(&engine, &ep, open_ms);
+        }
     }
     ep.changed.notify_waiters();
     engine

@@ -493,7 +493,10 @@ async fn a_single_node_takes_the_whole_limit() {
     let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
     until_state(&s, &id, "done").await;
     let (_, page) = s.get_text("/ui/endpoints").await;
-    assert!(page.contains("this node (1 of 1): 5 in flight, 40.0/s"), "{page}");
+    assert!(
+        page.contains("this node (1 of 1): 5 in flight, 40.0/s"),
+        "{page}"
+    );
     s.stop().await;
 }
 

@@ -95,7 +95,9 @@ async fn share_when(s: &TestServer, nodes: u64) -> Vec<Value> {
 #[tokio::test]
 async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
     if !on_postgres() {
-        eprintln!("skipped: a cluster needs a shared store (set REDRIVE_TEST_STORAGE_URL=postgres://…)");
+        eprintln!(
+            "skipped: a cluster needs a shared store (set REDRIVE_TEST_STORAGE_URL=postgres://…)"
+        );
         return;
     }
     let slow = Counting::start(Duration::from_millis(300)).await;
@@ -103,7 +105,11 @@ async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
     let config = format!(
         "[push]\nallow_cidrs = [\"127.0.0.1/32\"]\n{QUICK}{}{}",
         queue("slow", &slow.url(), "concurrency = 3"),
-        queue("paced", &quick.url(), "concurrency = 3\nrate_limit = \"24/s\""),
+        queue(
+            "paced",
+            &quick.url(),
+            "concurrency = 3\nrate_limit = \"24/s\""
+        ),
     );
     let a = TestServer::start_on_postgres(&config).await;
     let b = a.start_beside(&config).await;
@@ -171,12 +177,157 @@ async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
         slow_max >= 2,
         "the nodes barely used the slow endpoint: {slow_max}"
     );
-    assert!(quick_max <= 3, "{quick_max} calls in flight at once, limit 3");
+    assert!(
+        quick_max <= 3,
+        "{quick_max} calls in flight at once, limit 3"
+    );
     assert!(
         (rate - 24.0).abs() <= 2.4,
         "observed {rate:.2}/s, limit 24/s (± 10 %)"
     );
     b.stop().await;
     c.stop().await;
+    a.stop().await;
+}
+
+/// The state of `s`'s only endpoint.
+async fn endpoint_state(s: &TestServer) -> Value {
+    let (_, list) = s.get("/v1/endpoints").await;
+    list["endpoints"][0].clone()
+}
+
+/// Two nodes push to one endpoint, each its own queue (node A's to `/a`, node B's to `/b`):
+/// `/a` fails, `/b` answers 200. A's breaker opens on its own failures; B, whose calls all
+/// succeed, holds its breaker for the same endpoint open within a second (it reads the
+/// trip), and stops calling it: its messages wait.
+#[tokio::test]
+async fn a_breaker_opened_on_one_node_opens_on_the_other_within_a_second() {
+    if !on_postgres() {
+        eprintln!(
+            "skipped: a cluster needs a shared store (set REDRIVE_TEST_STORAGE_URL=postgres://…)"
+        );
+        return;
+    }
+    let ok_calls = Arc::new(AtomicU32::new(0));
+    let calls = ok_calls.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/a",
+            axum::routing::post(|| async {
+                (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "down")
+            }),
+        )
+        .route(
+            "/b",
+            axum::routing::post(move || {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let node = |q: &str, path: &str, limits: &str| {
+        format!(
+            "[push]\nallow_cidrs = [\"127.0.0.1/32\"]\n{QUICK}{}\n[queues.{q}.retry]\nmax_attempts = 1000\nbackoff = \"fixed\"\ninitial_delay = \"50ms\"\njitter = \"none\"\n",
+            queue(q, &format!("http://{addr}{path}"), limits)
+        )
+    };
+    let a = TestServer::start_on_postgres(&node("hooks_a", "/a", "concurrency = 4")).await;
+    let b = a
+        .start_beside(&node(
+            "hooks_b",
+            "/b",
+            "concurrency = 4\nrate_limit = \"40/s\"",
+        ))
+        .await;
+    share_when(&a, 2).await;
+    share_when(&b, 2).await;
+
+    // B delivers steadily (20/s, its share of 40/s).
+    let items: Vec<Value> = (0..400).map(|i| json!({"payload": {"n": i}})).collect();
+    let (st, body) = b
+        .post("/v1/queues/hooks_b/messages", json!({"messages": items}))
+        .await;
+    assert_eq!(st, 201, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ok_calls.load(Ordering::SeqCst) < 10 {
+        assert!(Instant::now() < deadline, "B does not deliver");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A's endpoint starts failing: A's messages fail until its breaker opens.
+    let items: Vec<Value> = (0..40).map(|i| json!({"payload": {"n": i}})).collect();
+    let (st, body) = a
+        .post("/v1/queues/hooks_a/messages", json!({"messages": items}))
+        .await;
+    assert_eq!(st, 201, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let a_opened = loop {
+        if endpoint_state(&a).await["state"] == "open" {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A's breaker never opened: {}",
+            endpoint_state(&a).await
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let b_before = endpoint_state(&b).await;
+    let b_opened = loop {
+        let e = endpoint_state(&b).await;
+        if e["state"] == "open" {
+            break Instant::now();
+        }
+        assert!(
+            a_opened.elapsed() < Duration::from_secs(3),
+            "B's breaker not open 3 s after A's: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = b_opened - a_opened;
+    let b_open = endpoint_state(&b).await;
+    // B's own calls all succeeded: it opened because A's did.
+    assert_eq!(b_open["window_failures"], 0, "{b_open}");
+    // Then B calls nothing (calls in flight at most) for the rest of A's open period.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls_then = ok_calls.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let calls_later = ok_calls.load(Ordering::SeqCst);
+    let (_, q) = b.get("/v1/queues/hooks_b").await;
+    eprintln!(
+        "push cluster test: B's breaker (all of B's calls good) opened {took:?} after A's (trip poll {} ms); B before: state {} opened_total {}; \
+         B's calls to the endpoint in the 2 s after: {}; hooks_b {}",
+        redrive_server::engine::push::TRIP_POLL_MS,
+        b_before["state"],
+        b_before["opened_total"],
+        calls_later - calls_then,
+        q["counts"]
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "B's breaker opened {took:?} after A's"
+    );
+    assert!(
+        calls_later - calls_then <= 2,
+        "B kept calling the endpoint while its breaker was open: {} calls",
+        calls_later - calls_then
+    );
+    // After A's period B probes by itself, and its endpoint (`/b`) answers: it delivers again.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ok_calls.load(Ordering::SeqCst) <= calls_later + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "B never delivered again: {}",
+            endpoint_state(&b).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.stop().await;
     a.stop().await;
 }
