@@ -37,7 +37,6 @@ use common::{free_port, start_with, wait_ready, Node};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
