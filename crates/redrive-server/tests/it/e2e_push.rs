@@ -497,6 +497,21 @@ async fn a_single_node_takes_the_whole_limit() {
         page.contains("this node (1 of 1): 5 in flight, 40.0/s"),
         "{page}"
     );
+    // The API document states the share.
+    let (_, d) = s.get("/openapi.json").await;
+    let schemas = &d["components"]["schemas"];
+    assert!(
+        schemas["EndpointView"]["properties"]["share"].is_object(),
+        "{}",
+        schemas["EndpointView"]
+    );
+    for field in ["nodes", "rank", "concurrency", "rate_limit_per_second"] {
+        assert!(
+            schemas["ShareView"]["properties"][field].is_object(),
+            "ShareView.{field}: {}",
+            schemas["ShareView"]
+        );
+    }
     s.stop().await;
 }
 
