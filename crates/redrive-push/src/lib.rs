@@ -12,6 +12,8 @@
 //! - [`protect`]: the protection of one endpoint: circuit breaker with a half-open probe and
 //!   a recovering trickle, AIMD pace, rate limit, concurrency limit and retry budget; pure
 //!   logic over a clock the caller passes in.
+//! - [`share`]: one node's share of an endpoint's cluster-wide `concurrency` and
+//!   `rate_limit` (SPEC §13), by the number of live nodes and its rank among them.
 //! - [`retry`]: the same policy engine in-process (S6): `retry(policy, classify, op)`, a
 //!   [`retry::Retrier`] with a shared breaker, and [`retry::http_failure`] to judge an HTTP
 //!   answer with the [`classify`] table.
@@ -22,6 +24,7 @@ pub mod classify;
 pub mod protect;
 pub mod retry;
 pub mod send;
+pub mod share;
 pub mod signing;
 pub mod ssrf;
 

@@ -48,6 +48,10 @@
 //!   failure_ratio` → *Closed* (window emptied); as soon as the ratio is above it with at
 //!   least `min(min_calls, trickle_calls)` outcomes → *Open* (period `open_ms`).
 //! - `opened_total` counts every entry into Open.
+//! - *Shared in a cluster*: an opening from Closed by the outcomes recorded here is a *trip*
+//!   ([`Protection::take_trip`]), which the server records for the other nodes; a node told
+//!   of another's trip holds its own breaker open for the rest of that period
+//!   ([`Protection::force_open`]) and then probes like after any open period.
 //!
 //! **AIMD pace** (only with a breaker; without one, "protection off": no breaker, no pace).
 //! `None` means unpaced, the initial state, so a fresh endpoint is never throttled.
@@ -126,6 +130,15 @@
 //! [`WaitReason::Concurrency`] until `now + 5 ms` (a fallback poll: the caller also wakes
 //! when a call ends).
 //!
+//! **Limits changed in place** ([`Protection::set_limits`]): a node of a cluster holds a
+//! share of the endpoint's cluster-wide limits ([`crate::share`]), which changes when nodes
+//! come and go. The new concurrency and rate apply from then on; the calls in flight, the
+//! breaker, the pace (lowered to a lower rate limit) and the budget are kept, and the rate
+//! bucket keeps its tokens (at most the new burst). A concurrency of **0** (a node whose
+//! share is nothing, `concurrency < nodes`) admits no call: [`WaitReason::Concurrency`]
+//! until `now +` [`NO_SHARE_POLL_MS`], longer than a caller should hold a leased message,
+//! so it waits before leasing instead.
+//!
 //! **Retry budget** (`retry_budget` > 0): first attempts and retries admitted are counted in
 //! a sliding 10 s window of 1 s buckets. A retry is admitted while `retries <
 //! floor(retry_budget × first_attempts) + 10` in the window: the floor of
@@ -180,6 +193,9 @@ const UNPACE_AFTER_S: u32 = 10;
 const PROBE_POLL_MS: u64 = 50;
 /// Fallback poll while the concurrency limit is reached, ms.
 const CONCURRENCY_POLL_MS: u64 = 5;
+/// The wait while the concurrency limit is 0 ([`Protection::set_limits`]: a node with no
+/// share of the endpoint), ms; the caller also wakes when the limits change.
+pub const NO_SHARE_POLL_MS: u64 = 2_000;
 
 /// The breaker's thresholds (the design note's values by default).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -504,6 +520,9 @@ pub struct Protection {
     pace_limited_sec: Option<u64>,
     /// When the breaker first opened in this outage (opened from Closed).
     down_since_ms: u64,
+    /// The open period of the latest opening from Closed by this protection's own outcomes,
+    /// until taken ([`Protection::take_trip`]).
+    trip: Option<u64>,
 }
 
 impl Protection {
@@ -553,12 +572,38 @@ impl Protection {
             slow_start: false,
             pace_limited_sec: None,
             down_since_ms: now_ms,
+            trip: None,
         }
     }
 
-    /// The configuration in force (after the clamping [`Protection::new`] does).
+    /// The configuration in force (after the clamping [`Protection::new`] does, and the
+    /// limits of the latest [`Protection::set_limits`]).
     pub fn config(&self) -> &ProtectionConfig {
         &self.config
+    }
+
+    /// Change the concurrency and rate limits in force, at `now_ms`; everything else is
+    /// kept: the calls in flight (above a lowered concurrency they finish, and no call
+    /// starts until fewer are out), the breaker's state and window, the budget, and the
+    /// pace (at most a lowered rate limit). The rate bucket keeps its tokens, at most the new
+    /// burst; a rate limit set where there was none starts with a full burst. `concurrency`
+    /// 0 admits no call ([`NO_SHARE_POLL_MS`]); a rate that is not a positive finite number
+    /// is no limit.
+    pub fn set_limits(&mut self, now_ms: u64, concurrency: u32, rate_limit_per_s: Option<f64>) {
+        let now = self.tick(now_ms);
+        let rate = rate_limit_per_s.filter(|r| r.is_finite() && *r > 0.0);
+        self.config.concurrency = concurrency;
+        self.config.rate_limit_per_s = rate;
+        match (rate, &mut self.rate_bucket) {
+            (None, _) => self.rate_bucket = None,
+            (Some(r), Some(b)) => b.set_rate(r),
+            (Some(r), None) => self.rate_bucket = Some(Bucket::new(r, now)),
+        }
+        if let (Some(p), Some(r)) = (self.pace, rate) {
+            if p > r {
+                self.set_pace(Some(r), now);
+            }
+        }
     }
 
     /// The breaker's state (`Closed` when there is no breaker), as of the last call that
@@ -708,19 +753,8 @@ impl Protection {
                 let ratio_over = calls >= cfg.min_calls
                     && f64::from(failures) / f64::from(calls) > cfg.failure_ratio;
                 if ratio_over || self.consecutive_failures >= cfg.min_calls.max(1) {
-                    // A new outage: remember what the endpoint took before it.
-                    let this_second = self.second.calls - self.second.failures;
-                    self.remembered_per_s = f64::from(
-                        self.accepted
-                            .iter()
-                            .filter(|(sec, _)| sec + ACCEPTED_MEMORY_S > now / 1000)
-                            .map(|(_, n)| *n)
-                            .chain([this_second])
-                            .max()
-                            .unwrap_or(0),
-                    );
-                    self.down_since_ms = now;
-                    self.open(now, cfg.open_ms);
+                    self.open_from_closed(now, cfg.open_ms);
+                    self.trip = Some(cfg.open_ms);
                 }
             }
             BreakerState::Open => {}
@@ -756,6 +790,42 @@ impl Protection {
                     self.window.clear();
                     self.slack_seconds = 0;
                 }
+            }
+        }
+    }
+
+    /// The open period (ms) of the latest time the breaker opened from Closed by the
+    /// outcomes recorded here (not by [`Protection::force_open`]), once: the server records
+    /// it as a trip for the other nodes of its cluster.
+    pub fn take_trip(&mut self) -> Option<u64> {
+        self.trip.take()
+    }
+
+    /// Another node's breaker for this endpoint opened (SPEC §13: the breaker is shared):
+    /// hold this one open until `now_ms + for_ms`, then probe as after any open period.
+    /// Closed: opens as if by its own outcomes (a new outage: the rate accepted before it
+    /// is remembered for the ramp, `opened_total` + 1) but is no trip of its own
+    /// ([`Protection::take_trip`] stays empty). Open: its period ends at the later of the
+    /// two ends. HalfOpen or Recovering: open again for `for_ms` (the outage goes on; a
+    /// probe out is answered into an open breaker and moves nothing). Without a breaker,
+    /// nothing. Answers whether the state changed.
+    pub fn force_open(&mut self, now_ms: u64, for_ms: u64) -> bool {
+        let now = self.tick(now_ms);
+        if self.config.breaker.is_none() || for_ms == 0 {
+            return false;
+        }
+        match self.state {
+            BreakerState::Closed => {
+                self.open_from_closed(now, for_ms);
+                true
+            }
+            BreakerState::Open => {
+                self.open_until_ms = self.open_until_ms.max(now.saturating_add(for_ms));
+                false
+            }
+            BreakerState::HalfOpen | BreakerState::Recovering => {
+                self.open(now, for_ms);
+                true
             }
         }
     }
@@ -941,6 +1011,22 @@ impl Protection {
         }
     }
 
+    /// A new outage: remember what the endpoint took before it, open for `period_ms`.
+    fn open_from_closed(&mut self, now: u64, period_ms: u64) {
+        let this_second = self.second.calls - self.second.failures;
+        self.remembered_per_s = f64::from(
+            self.accepted
+                .iter()
+                .filter(|(sec, _)| sec + ACCEPTED_MEMORY_S > now / 1000)
+                .map(|(_, n)| *n)
+                .chain([this_second])
+                .max()
+                .unwrap_or(0),
+        );
+        self.down_since_ms = now;
+        self.open(now, period_ms);
+    }
+
     fn enter(&mut self, state: BreakerState, at: u64) {
         self.state = state;
         self.state_since_ms = at;
@@ -1031,6 +1117,12 @@ impl Protection {
                 })
             }
             _ => {}
+        }
+        if self.config.concurrency == 0 {
+            return Err(Wait {
+                until_ms: now + NO_SHARE_POLL_MS,
+                reason: WaitReason::Concurrency,
+            });
         }
         if self.in_flight >= self.config.concurrency {
             return Err(Wait {
@@ -1727,6 +1819,148 @@ mod tests {
         let s = p.snapshot(19_000);
         assert_eq!((s.window_calls, s.window_failures), (500, 500));
         assert_eq!(s.opened_total, 0);
+    }
+
+    #[test]
+    fn set_limits_changes_the_limits_in_place_keeping_calls_in_flight_and_the_breaker() {
+        let mut p = Protection::new(
+            ProtectionConfig {
+                concurrency: 4,
+                rate_limit_per_s: Some(100.0),
+                ..config()
+            },
+            0,
+        );
+        for _ in 0..3 {
+            p.try_acquire(0, false).unwrap();
+        }
+        // A smaller share: the three calls stay in flight, none more starts until fewer
+        // than the new limit are out.
+        p.set_limits(0, 2, Some(50.0));
+        assert_eq!(p.in_flight(), 3);
+        assert_eq!(p.config().concurrency, 2);
+        assert_eq!(p.config().rate_limit_per_s, Some(50.0));
+        assert_eq!(p.try_acquire(0, false), wait(5, WaitReason::Concurrency));
+        p.record(1, Outcome::Success);
+        p.record(1, Outcome::Success);
+        assert_eq!(p.in_flight(), 1);
+        // The bucket kept its tokens (7 of a burst of 10), at most the new burst (5): five
+        // calls now, then one every 20 ms (50/s).
+        for _ in 0..4 {
+            p.try_acquire(1, false).unwrap();
+            p.record(1, Outcome::Success);
+        }
+        p.try_acquire(1, false).unwrap();
+        p.record(1, Outcome::Success);
+        assert_eq!(p.try_acquire(1, false), wait(21, WaitReason::Rate));
+        assert_eq!(p.try_acquire(21, false), Ok(()));
+        p.record(21, Outcome::Success);
+        // A share of nothing admits no call, and says to ask again after a long wait.
+        p.set_limits(30, 0, Some(1.0));
+        assert_eq!(
+            p.try_acquire(30, false),
+            wait(30 + NO_SHARE_POLL_MS, WaitReason::Concurrency)
+        );
+        assert_eq!(p.snapshot(30).concurrency, 0);
+        // No rate limit, then one set again (a full burst).
+        p.set_limits(40, 4, None);
+        assert_eq!(p.snapshot(40).rate_limit_per_s, None);
+        for _ in 0..3 {
+            p.try_acquire(40, false).unwrap();
+        }
+        p.set_limits(40, 8, Some(20.0));
+        p.try_acquire(40, false).unwrap();
+        p.try_acquire(40, false).unwrap();
+        assert_eq!(p.try_acquire(40, false), wait(90, WaitReason::Rate));
+        assert_eq!(p.in_flight(), 6);
+
+        // The breaker's state is kept: open stays open until its period ends.
+        let mut p = opened_at(10_000);
+        let before = p.snapshot(10_000);
+        p.set_limits(10_001, 1, Some(5.0));
+        let after = p.snapshot(10_001);
+        assert_eq!(after.state, Open);
+        assert_eq!(after.opened_total, before.opened_total);
+        assert_eq!(after.state_since_ms, before.state_since_ms);
+        assert_eq!(
+            p.try_acquire(10_001, false),
+            wait(15_000, WaitReason::Breaker)
+        );
+        // And a pace above a lowered rate limit comes down to it.
+        let mut p = opened_at(0);
+        assert_eq!(p.try_acquire(5_000, false), Ok(()));
+        p.record(5_000, Outcome::Success);
+        assert_eq!(p.state(), Recovering);
+        let pace = p.pace_per_s().unwrap();
+        p.set_limits(5_000, 4, Some(pace / 2.0));
+        assert_eq!(p.pace_per_s(), Some(pace / 2.0));
+    }
+
+    #[test]
+    fn force_open_holds_the_breaker_open_for_the_period_then_probes() {
+        // Closed: opens for the period given, counted, remembering the accepted rate; no
+        // trip of its own.
+        let mut p = Protection::new(config(), 0);
+        calls(&mut p, 0, 30, Outcome::Success);
+        assert!(p.force_open(500, 2_000));
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.snapshot(500).opened_total, 1);
+        assert_eq!(
+            p.take_trip(),
+            None,
+            "a forced opening is no trip of its own"
+        );
+        assert_eq!(p.try_acquire(500, false), wait(2_500, WaitReason::Breaker));
+        // Open: a later end extends it, an earlier one does not shorten it.
+        assert!(!p.force_open(600, 1_000));
+        assert_eq!(p.try_acquire(600, false), wait(2_500, WaitReason::Breaker));
+        assert!(!p.force_open(700, 3_000));
+        assert_eq!(
+            p.try_acquire(3_699, false),
+            wait(3_700, WaitReason::Breaker)
+        );
+        // Then one probe; a good one recovers at the rate accepted before (30/s).
+        assert_eq!(p.try_acquire(3_700, false), Ok(()));
+        assert_eq!(p.state(), HalfOpen);
+        assert_eq!(
+            p.try_acquire(3_700, false),
+            wait(3_750, WaitReason::Breaker)
+        );
+        p.record(3_710, Outcome::Success);
+        assert_eq!(p.state(), Recovering);
+        assert_eq!(p.pace_per_s(), Some(30.0));
+        // Recovering (or HalfOpen): open again for the period.
+        assert!(p.force_open(4_000, 1_000));
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.snapshot(4_000).opened_total, 2);
+        assert_eq!(
+            p.try_acquire(4_000, false),
+            wait(5_000, WaitReason::Breaker)
+        );
+        // A probe answered while open moves nothing.
+        p.record(4_100, Outcome::Success);
+        assert_eq!(p.state(), Open);
+
+        // Its own outcomes opening it from Closed are a trip, taken once.
+        let mut p = opened_at(1_000);
+        assert_eq!(p.take_trip(), Some(5_000));
+        assert_eq!(p.take_trip(), None);
+        // A failed probe reopens it: no new trip.
+        assert_eq!(p.try_acquire(6_000, false), Ok(()));
+        p.record(6_000, Outcome::Failure);
+        assert_eq!(p.state(), Open);
+        assert_eq!(p.take_trip(), None);
+
+        // Without a breaker nothing opens.
+        let mut p = Protection::new(
+            ProtectionConfig {
+                breaker: None,
+                ..config()
+            },
+            0,
+        );
+        assert!(!p.force_open(0, 5_000));
+        assert_eq!(p.try_acquire(0, false), Ok(()));
     }
 
     #[test]

@@ -311,6 +311,25 @@ impl Store for FaultyStore {
         self.inner.cluster(now).await
     }
 
+    async fn endpoint_trip(
+        &self,
+        endpoint: String,
+        incarnation: String,
+        open_ms: u64,
+        now: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .endpoint_trip(endpoint, incarnation, open_ms, now)
+            .await
+    }
+
+    async fn endpoint_trips(
+        &self,
+        now: Option<Timestamp>,
+    ) -> Result<redrive_storage::EndpointTrips, StoreError> {
+        self.inner.endpoint_trips(now).await
+    }
+
     fn notifier(&self) -> Notifier {
         self.inner.notifier()
     }

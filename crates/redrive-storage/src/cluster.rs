@@ -20,6 +20,10 @@
 //! leadership its previous process held (that process may still be alive, paused); it
 //! takes it over like any other, with a new epoch.
 //!
+//! The cluster also shares push endpoints' breakers: a node whose breaker opens from Closed
+//! records a trip ([`EndpointTrip`], the rule [`next_trip`]: the latest period per endpoint),
+//! and every node polls the trips open now and holds its own breaker open until they end.
+//!
 //! [`next_leader`] is the rule, written once: the embedded store applies it to its
 //! in-memory record, the PostgreSQL store states the same rule in one `UPDATE` of its
 //! `leader` row.
@@ -120,6 +124,55 @@ pub struct ClusterView {
     pub leader: Option<Leadership>,
 }
 
+/// A push endpoint's breaker opened from Closed on some node (SPEC §13: an endpoint's breaker
+/// is shared, so an outage seen by one node parks messages on every node). Recorded with
+/// [`Store::endpoint_trip`](crate::Store::endpoint_trip); the other nodes read it with
+/// [`Store::endpoint_trips`](crate::Store::endpoint_trips) and hold their own breaker open
+/// until `open_until`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointTrip {
+    /// The endpoint, `scheme://host:port`.
+    pub endpoint: String,
+    /// The process whose breaker opened.
+    pub incarnation: String,
+    /// When it opened (the store's clock).
+    pub tripped_at: Timestamp,
+    /// When its open period ends (the store's clock).
+    pub open_until: Timestamp,
+}
+
+/// The endpoints whose breaker is open somewhere in the cluster now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointTrips {
+    /// The store's clock now.
+    pub at: Timestamp,
+    /// One per endpoint whose latest trip's period has not ended (`open_until > at`), by
+    /// endpoint.
+    pub open: Vec<EndpointTrip>,
+}
+
+/// The trip of `endpoint` after one of `open_ms` by `incarnation` at `now`, given the one
+/// recorded `current`: the new one, unless the recorded one ends later (then it stays).
+pub fn next_trip(
+    current: Option<&EndpointTrip>,
+    endpoint: &str,
+    incarnation: &str,
+    open_ms: u64,
+    now: Timestamp,
+) -> Option<EndpointTrip> {
+    let open_ms = i64::try_from(open_ms.max(1)).unwrap_or(i64::MAX / 2);
+    let open_until = Timestamp::from_millis(now.as_millis().saturating_add(open_ms));
+    match current {
+        Some(c) if c.open_until >= open_until => None,
+        _ => Some(EndpointTrip {
+            endpoint: endpoint.to_owned(),
+            incarnation: incarnation.to_owned(),
+            tripped_at: now,
+            open_until,
+        }),
+    }
+}
+
 /// A node not seen for this long is forgotten (its row deleted by the next heartbeat of
 /// any node): one day.
 pub const FORGET_NODE_MS: i64 = 24 * 3_600_000;
@@ -196,6 +249,8 @@ struct LocalState {
     nodes: Vec<NodeRecord>,
     leader: Option<Leadership>,
     epoch: u64,
+    /// The latest trip per endpoint.
+    trips: std::collections::BTreeMap<String, EndpointTrip>,
 }
 
 impl LocalCluster {
@@ -250,6 +305,30 @@ impl LocalCluster {
     /// Whether `fence` holds at `now` ([`Fence::holds`] on this record).
     pub fn holds(&self, fence: &Fence, now: Timestamp) -> bool {
         fence.holds(self.state().leader.as_ref(), now)
+    }
+
+    /// [`Store::endpoint_trip`](crate::Store::endpoint_trip) at `now` ([`next_trip`]).
+    pub fn endpoint_trip(&self, endpoint: &str, incarnation: &str, open_ms: u64, now: Timestamp) {
+        let mut st = self.state();
+        if let Some(t) = next_trip(st.trips.get(endpoint), endpoint, incarnation, open_ms, now) {
+            st.trips.insert(endpoint.to_owned(), t);
+        }
+        // What ended is forgotten (the map stays as small as the endpoints open now).
+        st.trips.retain(|_, t| t.open_until > now);
+    }
+
+    /// [`Store::endpoint_trips`](crate::Store::endpoint_trips) at `now`.
+    pub fn endpoint_trips(&self, now: Timestamp) -> EndpointTrips {
+        let st = self.state();
+        EndpointTrips {
+            at: now,
+            open: st
+                .trips
+                .values()
+                .filter(|t| t.open_until > now)
+                .cloned()
+                .collect(),
+        }
     }
 
     /// [`Store::cluster`](crate::Store::cluster) at `now`.

@@ -39,7 +39,9 @@ pub mod stored;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use cluster::{Beat, ClusterView, Fence, Heartbeat, Leadership, NodeRecord};
+pub use cluster::{
+    Beat, ClusterView, EndpointTrip, EndpointTrips, Fence, Heartbeat, Leadership, NodeRecord,
+};
 pub use error::StoreError;
 pub use filter::{filter_text, MessageFilter, Page};
 pub use ops::{

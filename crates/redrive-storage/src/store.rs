@@ -1,9 +1,9 @@
 //! The storage contract.
 
 use crate::{
-    AuditRecord, Beat, ClusterView, Heartbeat, MessageFilter, NewAudit, NewSession, Page,
-    SessionLookup, SessionRecord, StoreError, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
-    TaskTransition,
+    AuditRecord, Beat, ClusterView, EndpointTrips, Heartbeat, MessageFilter, NewAudit, NewSession,
+    Page, SessionLookup, SessionRecord, StoreError, TaskRecord, TaskState, TaskStep,
+    TaskStepOutcome, TaskTransition,
 };
 use redrive_core::{
     AttemptResponse, DeadReason, ErrorClass, Failure, Message, MessageId, NewMessage, State,
@@ -580,6 +580,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// The nodes and the leader, at the store's clock.
     async fn cluster(&self, now: Option<Timestamp>) -> Result<ClusterView, StoreError>;
+
+    /// The breaker of push endpoint `endpoint` opened from Closed on the process
+    /// `incarnation`, for `open_ms` from now (the store's clock): record the trip, unless
+    /// one recorded ends later ([`crate::cluster::next_trip`]). Durable on success where
+    /// the store is shared; the embedded store keeps trips in memory (one process is its
+    /// whole cluster).
+    async fn endpoint_trip(
+        &self,
+        endpoint: String,
+        incarnation: String,
+        open_ms: u64,
+        now: Option<Timestamp>,
+    ) -> Result<(), StoreError>;
+
+    /// The endpoints whose latest trip's open period has not ended at the store's clock.
+    async fn endpoint_trips(&self, now: Option<Timestamp>) -> Result<EndpointTrips, StoreError>;
 
     /// What to wake for: when [`Store::tick`] should next run, and messages made ready by
     /// another process sharing the store ([`Notifier`]).

@@ -1,5 +1,7 @@
 //! Cluster membership and leadership (tables `nodes` and `leader`, schema v5): the rule of
-//! [`redrive_storage::cluster::next_leader`] stated in SQL, at the database's clock.
+//! [`redrive_storage::cluster::next_leader`] stated in SQL, at the database's clock. And the
+//! push endpoints' shared breakers (table `endpoint_trips`, schema v7): the latest trip per
+//! endpoint ([`redrive_storage::cluster::next_trip`] in one upsert).
 //!
 //! A heartbeat is one transaction: upsert the node's row (`last_seen` = the database's
 //! clock), forget nodes not seen for a day, then one `UPDATE` of the single `leader` row
@@ -12,7 +14,9 @@ use crate::sql::{execute, query, query_one, resolve_now};
 use deadpool_postgres::{GenericClient, Transaction};
 use redrive_core::Timestamp;
 use redrive_storage::cluster::FORGET_NODE_MS;
-use redrive_storage::{Beat, ClusterView, Heartbeat, Leadership, NodeRecord};
+use redrive_storage::{
+    Beat, ClusterView, EndpointTrip, EndpointTrips, Heartbeat, Leadership, NodeRecord,
+};
 
 /// Schema v5: the tables of the cluster.
 pub const V5: &str = r#"
@@ -32,6 +36,17 @@ CREATE TABLE leader (
   expires_at  bigint NOT NULL DEFAULT 0
 );
 INSERT INTO leader DEFAULT VALUES;
+"#;
+
+/// Schema v7: the latest breaker trip of each push endpoint (one row per endpoint, kept:
+/// as many rows as endpoints ever tripped).
+pub const V7: &str = r#"
+CREATE TABLE endpoint_trips (
+  endpoint    text COLLATE "C" PRIMARY KEY,
+  incarnation text NOT NULL,
+  tripped_at  bigint NOT NULL,
+  open_until  bigint NOT NULL
+);
 "#;
 
 const LEADER_COLUMNS: &str = "node, incarnation, epoch, expires_at";
@@ -164,4 +179,54 @@ pub async fn view<C: GenericClient>(c: &C, now: Option<Timestamp>) -> Result<Clu
         nodes,
         leader: live_leader(c, now).await?,
     })
+}
+
+/// Record a trip of `endpoint` by `incarnation` for `open_ms` (kept only if it ends later
+/// than the one recorded).
+pub async fn endpoint_trip(
+    tx: &Transaction<'_>,
+    endpoint: &str,
+    incarnation: &str,
+    open_ms: u64,
+    now: Option<Timestamp>,
+) -> Result<(), E> {
+    let now = resolve_now(tx, now).await?;
+    let t = now.as_millis();
+    let until = t.saturating_add(i64::try_from(open_ms.max(1)).unwrap_or(i64::MAX / 2));
+    execute(
+        tx,
+        "INSERT INTO endpoint_trips (endpoint, incarnation, tripped_at, open_until) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (endpoint) DO UPDATE \
+         SET incarnation = excluded.incarnation, tripped_at = excluded.tripped_at, \
+             open_until = excluded.open_until \
+         WHERE endpoint_trips.open_until < excluded.open_until",
+        &[&endpoint, &incarnation, &t, &until],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The trips whose period has not ended at `now`, by endpoint.
+pub async fn endpoint_trips<C: GenericClient>(
+    c: &C,
+    now: Option<Timestamp>,
+) -> Result<EndpointTrips, E> {
+    let now = resolve_now(c, now).await?;
+    let rows = query(
+        c,
+        "SELECT endpoint, incarnation, tripped_at, open_until FROM endpoint_trips \
+         WHERE open_until > $1 ORDER BY endpoint",
+        &[&now.as_millis()],
+    )
+    .await?;
+    let mut open = Vec::with_capacity(rows.len());
+    for r in &rows {
+        open.push(EndpointTrip {
+            endpoint: r.try_get(0)?,
+            incarnation: r.try_get(1)?,
+            tripped_at: Timestamp::from_millis(r.try_get(2)?),
+            open_until: Timestamp::from_millis(r.try_get(3)?),
+        });
+    }
+    Ok(EndpointTrips { at: now, open })
 }

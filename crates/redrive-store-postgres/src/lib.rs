@@ -1126,6 +1126,30 @@ impl Store for PostgresStore {
         read!(self, |c| cluster::view(&c, now).await)
     }
 
+    async fn endpoint_trip(
+        &self,
+        endpoint: String,
+        incarnation: String,
+        open_ms: u64,
+        now: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        write_tx!(self, |tx, _cx| cluster::endpoint_trip(
+            &tx,
+            &endpoint,
+            &incarnation,
+            open_ms,
+            now
+        )
+        .await)
+    }
+
+    async fn endpoint_trips(
+        &self,
+        now: Option<Timestamp>,
+    ) -> Result<redrive_storage::EndpointTrips, StoreError> {
+        read!(self, |c| cluster::endpoint_trips(&c, now).await)
+    }
+
     fn notifier(&self) -> Notifier {
         Notifier::new(self.inner.wake_tx.subscribe(), self.inner.ready_tx.clone())
             .shared(PROBE_EVERY)

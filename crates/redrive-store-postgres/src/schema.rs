@@ -99,7 +99,9 @@ use redrive_storage::StoreError;
 /// - 5: `nodes` and `leader`, the cluster's membership and leadership (`cluster.rs`).
 /// - 6: `sessions`, the console's sessions, shared by every node (`sessions.rs`), and
 ///   `audit.node`, the node that recorded an entry (NULL in the entries from before).
-pub const SCHEMA_VERSION: i32 = 6;
+/// - 7: `endpoint_trips`, the push endpoints' shared breakers: the latest trip per endpoint
+///   (`cluster.rs`).
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -109,6 +111,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (4, V4),
     (5, crate::cluster::V5),
     (6, crate::sessions::V6),
+    (7, crate::cluster::V7),
 ];
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";

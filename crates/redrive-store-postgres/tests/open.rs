@@ -98,10 +98,10 @@ async fn a_version_5_schema_is_migrated_audit_entries_keep_no_node() {
         .expect("open")
         .close()
         .await;
-    // Back to version 5: without what version 6 added, one audit entry written then.
+    // Back to version 5: without what versions 6 and 7 added, one audit entry written then.
     common::run_blocking(format!(
         "SET search_path TO {s}; DROP TABLE sessions; ALTER TABLE audit DROP COLUMN node; \
-         DELETE FROM schema_migrations WHERE version = 6; \
+         DROP TABLE endpoint_trips; DELETE FROM schema_migrations WHERE version >= 6; \
          INSERT INTO audit (at, actor, action, target, filter, count, detail) \
          VALUES (1, 'ops', 'message.kill', 'm1', NULL, 1, NULL);",
         s = guard.0
@@ -140,6 +140,42 @@ async fn a_version_5_schema_is_migrated_audit_entries_keep_no_node() {
         .await
         .expect("get");
     assert_eq!(found.map(|s| s.csrf), Some(made.csrf));
+    store.close().await;
+    let version = query_one_i64(&format!(
+        "SELECT max(version)::bigint FROM {}.schema_migrations",
+        guard.0
+    ))
+    .await;
+    assert_eq!(version, i64::from(SCHEMA_VERSION));
+}
+
+/// A schema at version 6 (before the push endpoints' shared breakers) is migrated: what it
+/// held stays, and a trip is recorded and read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_6_schema_is_migrated_and_records_endpoint_trips() {
+    let guard = common::fresh_schema(PREFIX);
+    let opts = common::options(&guard.0, &Setup::default());
+    let store = PostgresStore::open(opts.clone()).await.expect("open");
+    store
+        .heartbeat(redrive_storage::conformance::cluster::beat("a", true), None)
+        .await
+        .expect("beat");
+    store.close().await;
+    common::run_blocking(format!(
+        "SET search_path TO {s}; DROP TABLE endpoint_trips; \
+         DELETE FROM schema_migrations WHERE version = 7;",
+        s = guard.0
+    ));
+    let store = PostgresStore::open(opts).await.expect("a v6 schema opens");
+    let view = store.cluster(None).await.expect("cluster");
+    assert_eq!(view.nodes.len(), 1, "the node stayed: {view:?}");
+    store
+        .endpoint_trip("http://a.example:80".into(), "i-1".into(), 5_000, None)
+        .await
+        .expect("trip");
+    let trips = store.endpoint_trips(None).await.expect("trips");
+    assert_eq!(trips.open.len(), 1, "{trips:?}");
+    assert_eq!(trips.open[0].endpoint, "http://a.example:80");
     store.close().await;
     let version = query_one_i64(&format!(
         "SELECT max(version)::bigint FROM {}.schema_migrations",

@@ -653,6 +653,33 @@ impl Store for SqliteStore {
         Ok(self.cluster.view(now.unwrap_or_else(Timestamp::now)))
     }
 
+    /// In memory, not durable: this store is one process's, so its trips are that
+    /// process's own (its breaker already holds them); a restart forgets them.
+    async fn endpoint_trip(
+        &self,
+        endpoint: String,
+        incarnation: String,
+        open_ms: u64,
+        now: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        self.cluster.endpoint_trip(
+            &endpoint,
+            &incarnation,
+            open_ms,
+            now.unwrap_or_else(Timestamp::now),
+        );
+        Ok(())
+    }
+
+    async fn endpoint_trips(
+        &self,
+        now: Option<Timestamp>,
+    ) -> Result<redrive_storage::EndpointTrips, StoreError> {
+        Ok(self
+            .cluster
+            .endpoint_trips(now.unwrap_or_else(Timestamp::now)))
+    }
+
     fn notifier(&self) -> Notifier {
         // No other process shares the directory (its lock): nothing is ever sent on `ready`.
         Notifier::new(self.wake_rx.clone(), self.ready.clone())

@@ -8,9 +8,9 @@ use redrive_core::Timestamp;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// A node is shown `live` while its last heartbeat is at most this many heartbeat
-/// intervals old (of the answering node's configuration).
-const LIVE_BEATS: u64 = 3;
+// A node is shown `live` while its last heartbeat is at most `LIVE_BEATS` heartbeat
+// intervals old (of the answering node's configuration).
+use crate::engine::cluster::LIVE_BEATS;
 
 /// The cluster as the store knows it.
 #[derive(Debug, Serialize, ToSchema)]

@@ -1,5 +1,6 @@
 //! `GET /v1/endpoints`: the state of every push endpoint (SPEC §10): breaker state, calls in
-//! flight, pace, rates, parked messages, retry budget.
+//! flight, pace, rates, parked messages, retry budget, and this node's share of the
+//! cluster-wide limits (SPEC §13).
 
 use super::{ApiError, AppState};
 use axum::extract::State;
@@ -20,6 +21,20 @@ pub struct BudgetView {
     pub available: u64,
 }
 
+/// This node's share of an endpoint's cluster-wide limits (SPEC §13).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShareView {
+    /// Live nodes sharing the limits (1 on the embedded store).
+    pub nodes: u32,
+    /// This node's place among them, sorted by incarnation (0-based).
+    pub rank: u32,
+    /// Calls in flight at most on this node: `floor(concurrency / nodes)`, plus one when
+    /// `rank < concurrency mod nodes` (0: this node leaves the endpoint to the others).
+    pub concurrency: u32,
+    /// Calls per second at most on this node: `rate_limit_per_second / nodes`.
+    pub rate_limit_per_second: Option<f64>,
+}
+
 /// One endpoint.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EndpointView {
@@ -34,10 +49,13 @@ pub struct EndpointView {
     pub state_for_seconds: f64,
     /// Calls in flight.
     pub in_flight: u32,
-    /// Most calls in flight.
+    /// Most calls in flight, configured: for the whole cluster.
     pub concurrency: u32,
-    /// Configured rate limit, calls/s.
+    /// Configured rate limit, calls/s: for the whole cluster.
     pub rate_limit_per_second: Option<f64>,
+    /// This node's share of `concurrency` and `rate_limit_per_second`; absent until the
+    /// node's first heartbeat told it the live nodes (it calls nothing meanwhile).
+    pub share: Option<ShareView>,
     /// Release pace after recovery, calls/s (absent: not paced).
     pub pace_per_second: Option<f64>,
     /// Calls per second recently.
@@ -85,8 +103,14 @@ pub(crate) fn views(s: &AppState) -> Vec<EndpointView> {
                 state: p.state.as_str(),
                 state_for_seconds: v.state_for_ms as f64 / 1000.0,
                 in_flight: p.in_flight,
-                concurrency: p.concurrency,
-                rate_limit_per_second: p.rate_limit_per_s,
+                concurrency: v.concurrency,
+                rate_limit_per_second: v.rate_limit_per_s,
+                share: v.rank.map(|r| ShareView {
+                    nodes: r.nodes,
+                    rank: r.rank,
+                    concurrency: p.concurrency,
+                    rate_limit_per_second: p.rate_limit_per_s,
+                }),
                 pace_per_second: p.pace_per_s,
                 calls_per_second: p.calls_per_s,
                 window_calls: p.window_calls,

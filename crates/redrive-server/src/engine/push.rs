@@ -33,6 +33,24 @@
 //!   ([`redrive_push::send::message_headers`]; the sender never sends a transport header
 //!   whatever it is given).
 //!
+//! **In a cluster** (SPEC §13) an endpoint's `concurrency` and `rate_limit` hold for all the
+//! nodes together: each node enforces its share ([`redrive_push::share`]: of `N` live nodes
+//! sorted by incarnation, the node at rank `r` takes `floor(c / N)` calls in flight, one more
+//! when `r < c mod N`, and `rate / N` calls per second), learnt at each heartbeat
+//! ([`super::cluster::Membership::subscribe_rank`]) and applied in place
+//! ([`Protection::set_limits`]: calls in flight and the breaker kept). Until its rank is
+//! known a node calls nothing; a node whose share is 0 (`c < N`) leases nothing for that
+//! endpoint: its workers wait for the share to change.
+//!
+//! **The breaker is shared** (SPEC §13): when an endpoint's breaker opens from Closed by
+//! this node's own calls ([`Protection::take_trip`]) the node records a trip in the store
+//! ([`redrive_storage::Store::endpoint_trip`]); every node with push queues reads the trips
+//! open now every [`TRIP_POLL_MS`] ([`redrive_storage::Store::endpoint_trips`]) and holds
+//! its own breaker for that endpoint open for the rest of the period
+//! ([`Protection::force_open`]), so an outage seen by one node parks messages on every node
+//! within about that poll. After the period each node probes on its own, as after any open
+//! period; a failed probe reopens only that node's breaker (no new trip).
+//!
 //! An attempt's history entry records the status, the latency and the first 1 KiB of the
 //! answer ([`redrive_core::AttemptResponse`]). A lease lasts the attempt's timeout plus
 //! [`LEASE_MARGIN_MS`] (5 s): if redrive dies mid-call, the message is delivered again after
@@ -48,6 +66,7 @@ use redrive_push::protect::{
     BreakerConfig, BreakerState, Outcome, Protection, ProtectionConfig, Snapshot, Wait, WaitReason,
 };
 use redrive_push::send::{BuildError, Request, Sender, SenderConfig};
+use redrive_push::share::{share, Rank};
 use redrive_push::signing::{signature_header, Secret};
 use redrive_push::ssrf::Guard;
 use redrive_push::{Method, Url};
@@ -67,6 +86,9 @@ pub const LEASE_MARGIN_MS: u64 = 5_000;
 /// A leased message waits (holding its lease) at most this long for a rate or
 /// concurrency slot; a longer wait parks it.
 pub const HOLD_MAX_MS: u64 = 1_000;
+
+/// How often a node reads the breaker trips of the cluster (while it has push queues), ms.
+pub const TRIP_POLL_MS: u64 = 250;
 
 /// Most messages one lease request takes for an unpaced endpoint.
 const MAX_LEASE_BATCH: u32 = 32;
@@ -203,6 +225,14 @@ pub struct Endpoint {
     label: String,
     queues: Vec<String>,
     protection: Mutex<Protection>,
+    /// The cluster-wide limits (of the first queue by name); the protection holds this
+    /// node's share of them.
+    concurrency: u32,
+    rate_limit_per_s: Option<f64>,
+    /// The rank the share was taken for (`None`: not known yet, nothing is called).
+    rank: Mutex<Option<Rank>>,
+    /// The end (store's clock) of the latest trip of another node applied to the breaker.
+    trip_applied: Mutex<Option<Timestamp>>,
     changed: Notify,
     sender: Sender,
     parked: Mutex<HashSet<MessageId>>,
@@ -224,6 +254,14 @@ pub struct EndpointView {
     pub parked: u64,
     /// How long the breaker has been in its state, ms.
     pub state_for_ms: u64,
+    /// The configured concurrency, for the whole cluster (the snapshot's is this node's
+    /// share).
+    pub concurrency: u32,
+    /// The configured rate limit, for the whole cluster (the snapshot's is this node's
+    /// share).
+    pub rate_limit_per_s: Option<f64>,
+    /// The rank this node's share was taken for (`None`: not known yet).
+    pub rank: Option<Rank>,
 }
 
 impl Endpoint {
@@ -285,7 +323,55 @@ impl Endpoint {
             state_for_ms: now.saturating_sub(snapshot.state_since_ms),
             snapshot,
             parked: self.parked_set().len() as u64,
+            concurrency: self.concurrency,
+            rate_limit_per_s: self.rate_limit_per_s,
+            rank: *self.rank.lock().unwrap_or_else(PoisonError::into_inner),
         }
+    }
+
+    /// Take this node's share of the endpoint's limits for `rank` (`None`: none at all,
+    /// until the rank is known); wake the workers.
+    fn take_share(&self, rank: Option<Rank>) {
+        let (concurrency, rate) = match rank {
+            Some(r) => {
+                let s = share(self.concurrency, self.rate_limit_per_s, r);
+                (s.concurrency, s.rate_limit_per_s)
+            }
+            None => (0, self.rate_limit_per_s),
+        };
+        *self.rank.lock().unwrap_or_else(PoisonError::into_inner) = rank;
+        self.with_protection(|p, now| p.set_limits(now, concurrency, rate));
+        self.changed.notify_waiters();
+    }
+
+    /// Whether this node may call the endpoint at all now (its share is not 0).
+    fn has_share(&self) -> bool {
+        self.protection().config().concurrency > 0
+    }
+
+    /// Another node's breaker for this endpoint opened (`trip`, read at `at` on the store's
+    /// clock): hold this one open for the rest of its period, once per trip.
+    fn apply_trip(&self, trip: &redrive_storage::EndpointTrip, at: Timestamp) {
+        {
+            let mut applied = self
+                .trip_applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if applied.is_some_and(|a| a >= trip.open_until) {
+                return;
+            }
+            *applied = Some(trip.open_until);
+        }
+        let left_ms = u64::try_from(trip.open_until.as_millis() - at.as_millis()).unwrap_or(0);
+        if left_ms == 0 {
+            return;
+        }
+        let opened = self.with_protection(|p, now| p.force_open(now, left_ms));
+        if opened {
+            tracing::warn!(endpoint = %self.key, by = %trip.incarnation, open_ms = left_ms,
+                "endpoint breaker opened by another node's: due messages wait here too");
+        }
+        self.changed.notify_waiters();
     }
 
     fn gauges(&self) -> EndpointGauges {
@@ -338,6 +424,8 @@ pub struct Endpoints {
     labelled: Mutex<HashSet<String>>,
     guard: Arc<Guard>,
     epoch: Instant,
+    /// This node's rank in its cluster, as last applied (`None`: not known yet).
+    rank: Mutex<Option<Rank>>,
 }
 
 impl Default for Endpoints {
@@ -349,6 +437,7 @@ impl Default for Endpoints {
             labelled: Mutex::default(),
             guard: Arc::default(),
             epoch: Instant::now(),
+            rank: Mutex::default(),
         }
     }
 }
@@ -369,11 +458,18 @@ fn make_endpoint(
         pool_idle: settings.concurrency as usize,
         guard: guard.clone(),
     })?;
+    let mut protection = Protection::new(settings.protection(), 0);
+    // Nothing is called before this node knows its share ([`Endpoints::set_rank`]).
+    protection.set_limits(0, 0, settings.rate_limit_per_s);
     Ok(Endpoint {
         key,
         label,
         queues,
-        protection: Mutex::new(Protection::new(settings.protection(), 0)),
+        protection: Mutex::new(protection),
+        concurrency: settings.concurrency,
+        rate_limit_per_s: settings.rate_limit_per_s,
+        rank: Mutex::new(None),
+        trip_applied: Mutex::new(None),
         changed: Notify::new(),
         sender,
         parked: Mutex::new(HashSet::new()),
@@ -419,7 +515,17 @@ impl Endpoints {
             labelled: Mutex::default(),
             guard: config.guard.clone(),
             epoch,
+            rank: Mutex::default(),
         })
+    }
+
+    /// This node's rank in its cluster changed: every endpoint takes its share of its
+    /// limits for it (endpoints made later take it when made).
+    pub fn set_rank(&self, rank: Rank) {
+        *self.rank.lock().unwrap_or_else(PoisonError::into_inner) = Some(rank);
+        for e in self.all() {
+            e.take_share(Some(rank));
+        }
     }
 
     /// Whether messages of `queue` may carry their own `target_url`.
@@ -477,8 +583,18 @@ impl Endpoints {
                 return None;
             }
         };
+        endpoint.take_share(*self.rank.lock().unwrap_or_else(PoisonError::into_inner));
         targets.insert(key, endpoint.clone());
         Some(endpoint)
+    }
+
+    /// The endpoint `key` (`scheme://host:port`), configured or a message target made so far.
+    fn find(&self, key: &str) -> Option<Arc<Endpoint>> {
+        if let Some(e) = self.by_key.get(key) {
+            return Some(e.clone());
+        }
+        let targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
+        targets.get(key).cloned()
     }
 
     fn all(&self) -> Vec<Arc<Endpoint>> {
@@ -515,13 +631,97 @@ impl Endpoints {
     }
 }
 
-/// Start one worker per push queue.
+/// Start one worker per push queue, and the task that gives the endpoints this node's
+/// share of their limits whenever its rank in the cluster changes.
 pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
     let queues: Vec<String> = engine.push().by_queue.keys().cloned().collect();
-    queues
-        .into_iter()
-        .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone())))
-        .collect()
+    if queues.is_empty() {
+        return Vec::new();
+    }
+    let mut tasks = vec![
+        tokio::spawn(follow_rank(engine.clone(), stop.clone())),
+        tokio::spawn(follow_trips(engine.clone(), stop.clone())),
+    ];
+    tasks.extend(
+        queues
+            .into_iter()
+            .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone()))),
+    );
+    tasks
+}
+
+/// Apply each rank the heartbeat learns ([`super::cluster::Membership::subscribe_rank`])
+/// to the endpoints, until `stop`.
+async fn follow_rank(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut rank = engine.membership().subscribe_rank();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let now = *rank.borrow_and_update();
+        if let Some(r) = now {
+            engine.push().set_rank(r);
+        }
+        tokio::select! {
+            changed = rank.changed() => if changed.is_err() { return },
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Every [`TRIP_POLL_MS`], read the breaker trips open in the cluster and hold this node's
+/// breakers open for the rest of other nodes' trips, until `stop`.
+async fn follow_trips(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mine = engine.membership().incarnation().to_owned();
+    let mut failing = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        match engine
+            .store()
+            .endpoint_trips(engine.clock().for_store())
+            .await
+        {
+            Ok(trips) => {
+                failing = false;
+                for t in trips.open.iter().filter(|t| t.incarnation != mine) {
+                    if let Some(ep) = engine.push().find(&t.endpoint) {
+                        ep.apply_trip(t, trips.at);
+                    }
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read the cluster's breaker trips; this node's breakers go on by themselves");
+                    failing = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(TRIP_POLL_MS)) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// This node's breaker for `ep` opened from Closed for `open_ms`: record the trip for the
+/// other nodes (in the background; a failure is logged, the breaker here is open anyway).
+fn report_trip(engine: &Arc<Engine>, ep: &Endpoint, open_ms: u64) {
+    let engine = engine.clone();
+    let endpoint = ep.key.clone();
+    tokio::spawn(async move {
+        let incarnation = engine.membership().incarnation().to_owned();
+        let now = engine.clock().for_store();
+        if let Err(e) = engine
+            .store()
+            .endpoint_trip(endpoint.clone(), incarnation, open_ms, now)
+            .await
+        {
+            tracing::warn!(endpoint = %endpoint, error = %e,
+                "cannot record the breaker's trip: the other nodes' breakers go on by themselves");
+        }
+    });
 }
 
 /// Deliver `queue`'s messages with the consume driver until `stop`; then let the calls in
@@ -562,7 +762,24 @@ impl Deliverer for Pusher {
     async fn admit(&mut self) -> LeaseAsk {
         let ep = &self.ep;
         while self.calls.try_join_next().is_some() {}
-        if !self.settings.allow_message_targets {
+        if self.settings.allow_message_targets {
+            // Each message is judged by its own endpoint after the lease, but every endpoint
+            // of this queue has this queue's limits, so the same share: with none, lease
+            // nothing (rather than lease and park in a loop).
+            loop {
+                let changed = ep.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if ep.has_share() {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(redrive_push::protect::NO_SHARE_POLL_MS)) => {}
+                    _ = &mut changed => {}
+                }
+                while self.calls.try_join_next().is_some() {}
+            }
+        } else {
             loop {
                 let changed = ep.changed.notified();
                 tokio::pin!(changed);
@@ -832,7 +1049,13 @@ async fn deliver(
     if refused {
         ep.with_protection(|p, now| p.cancel(now));
     } else {
-        ep.with_protection(|p, now| p.record(now, Outcome::from_class(failed_class)));
+        let trip = ep.with_protection(|p, now| {
+            p.record(now, Outcome::from_class(failed_class));
+            p.take_trip()
+        });
+        if let Some(open_ms) = trip {
+            report_trip(&engine, &ep, open_ms);
+        }
     }
     ep.changed.notify_waiters();
     engine

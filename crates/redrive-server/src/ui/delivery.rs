@@ -50,20 +50,20 @@ pub fn endpoint_table(eps: &[EndpointView]) -> String {
     let mut b = String::from(
         "<table><thead><tr><th>Endpoint</th><th>Queues</th><th>Breaker</th><th class=\"num\">In flight</th>\
          <th class=\"num\">Calls/s</th><th class=\"num\">Window failures</th><th class=\"num\">Parked</th>\
-         <th class=\"num\">Opened</th><th class=\"num\">Retry budget</th></tr></thead><tbody>",
+         <th class=\"num\">Opened</th><th class=\"num\">Retry budget</th><th>Limits (cluster / this node)</th></tr></thead><tbody>",
     );
     for e in eps {
         let _ = write!(
             b,
             "<tr><td class=\"mono\">{}</td><td>{}</td><td>{} <span class=\"muted\">for {}</span></td>\
              <td class=\"num\">{} / {}</td><td class=\"num\">{:.1}{}</td><td class=\"num\">{} / {}</td>\
-             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             esc(&e.endpoint),
             queue_links(&e.queues),
             html::badge(e.state),
             html::age(e.state_for_seconds),
             e.in_flight,
-            e.concurrency,
+            e.share.as_ref().map_or(0, |s| s.concurrency),
             e.calls_per_second,
             e.pace_per_second
                 .map(|p| format!(" <span class=\"muted\">(pace {p:.1})</span>"))
@@ -76,11 +76,34 @@ pub fn endpoint_table(eps: &[EndpointView]) -> String {
                 format!("{} available", e.budget.available)
             } else {
                 "none".to_owned()
-            }
+            },
+            limits(e)
         );
     }
     b.push_str("</tbody></table>");
     b
+}
+
+/// The configured limits and this node's share: "16 in flight, 200/s; this node (2 of 3):
+/// 5 in flight, 66.7/s".
+fn limits(e: &EndpointView) -> String {
+    let rate = |r: Option<f64>| r.map(|r| format!(", {r:.1}/s")).unwrap_or_default();
+    let mine = match &e.share {
+        Some(s) => format!(
+            "this node ({} of {}): {} in flight{}",
+            s.rank + 1,
+            s.nodes,
+            s.concurrency,
+            rate(s.rate_limit_per_second)
+        ),
+        None => "this node: not known yet (no heartbeat)".to_owned(),
+    };
+    format!(
+        "{} in flight{} <span class=\"muted\">{}</span>",
+        e.concurrency,
+        rate(e.rate_limit_per_second),
+        esc(&mine)
+    )
 }
 
 /// A table of bridges.

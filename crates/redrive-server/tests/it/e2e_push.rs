@@ -461,6 +461,124 @@ async fn a_push_queue_has_no_pull_consumers_and_its_endpoint_is_listed() {
     s.stop().await;
 }
 
+/// SPEC §13 on one node: the node's share of an endpoint's limits is the whole limit (the
+/// embedded store is a cluster of one; on PostgreSQL this test's schema has one node too).
+#[tokio::test]
+async fn a_single_node_takes_the_whole_limit() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(
+        &mock.url("/hook"),
+        "concurrency = 5\nrate_limit = \"40/s\"",
+        true,
+    )
+    .await;
+    let mut e = Value::Null;
+    for _ in 0..500 {
+        let (_, list) = s.get("/v1/endpoints").await;
+        e = list["endpoints"][0].clone();
+        if !e["share"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("single node share: {}", e["share"]);
+    assert_eq!(e["concurrency"], 5, "{e}");
+    assert_eq!(e["rate_limit_per_second"], 40.0, "{e}");
+    assert_eq!(
+        e["share"],
+        json!({"nodes": 1, "rank": 0, "concurrency": 5, "rate_limit_per_second": 40.0}),
+        "{e}"
+    );
+    // And it is used: a publish is delivered.
+    let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
+    until_state(&s, &id, "done").await;
+    let (_, page) = s.get_text("/ui/endpoints").await;
+    assert!(
+        page.contains("this node (1 of 1): 5 in flight, 40.0/s"),
+        "{page}"
+    );
+    // The API document states the share.
+    let (_, d) = s.get("/openapi.json").await;
+    let schemas = &d["components"]["schemas"];
+    assert!(
+        schemas["EndpointView"]["properties"]["share"].is_object(),
+        "{}",
+        schemas["EndpointView"]
+    );
+    for field in ["nodes", "rank", "concurrency", "rate_limit_per_second"] {
+        assert!(
+            schemas["ShareView"]["properties"][field].is_object(),
+            "ShareView.{field}: {}",
+            schemas["ShareView"]
+        );
+    }
+    s.stop().await;
+}
+
+/// SPEC §13, the shared breaker on one node: a trip recorded in the store by another process
+/// (as another node's breaker opening would) holds this node's breaker open for the rest of
+/// its period, calling nothing, though its own calls all succeeded; then it probes and
+/// delivers again. Its own trips are not applied back to it.
+#[tokio::test]
+async fn another_nodes_trip_holds_this_breaker_open_for_its_period() {
+    let mock = Mock::start(|_, _| Answer::status(200)).await;
+    let s = server(&mock.url("/hook"), "concurrency = 2", true).await;
+    let first = id_of(&s.publish("hooks", json!({"payload": 0})).await);
+    until_state(&s, &first, "done").await;
+    let endpoint = format!("http://127.0.0.1:{}", mock.addr.port());
+    let tripped = std::time::Instant::now();
+    s.engine
+        .store()
+        .endpoint_trip(endpoint.clone(), "another-node".into(), 2_000, None)
+        .await
+        .unwrap();
+    let opened = loop {
+        let (_, list) = s.get("/v1/endpoints").await;
+        let e = list["endpoints"][0].clone();
+        if e["state"] == "open" {
+            break e;
+        }
+        assert!(
+            tripped.elapsed() < Duration::from_secs(2),
+            "not open within 2 s of the trip: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let took = tripped.elapsed();
+    eprintln!("shared breaker, one node: open {took:?} after another node's trip was recorded");
+    assert!(took < Duration::from_millis(1_000), "{took:?}");
+    assert_eq!(opened["opened_total"], 1, "{opened}");
+    assert_eq!(opened["window_failures"], 0, "{opened}");
+    // Published while open: waits, not called.
+    let calls = mock.got().len();
+    let id = id_of(&s.publish("hooks", json!({"payload": 1})).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(mock.got().len(), calls, "called while the breaker was open");
+    assert_eq!(s.message(&id).await["attempts"], 0);
+    // After the 2 s period: a probe, delivered.
+    until_state(&s, &id, "done").await;
+    assert!(
+        tripped.elapsed() >= Duration::from_millis(1_900),
+        "delivered {:?} after a 2 s trip",
+        tripped.elapsed()
+    );
+    // A trip of this node's own is not applied to it again.
+    s.engine
+        .store()
+        .endpoint_trip(
+            endpoint,
+            s.engine.membership().incarnation().to_owned(),
+            5_000,
+            None,
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (_, list) = s.get("/v1/endpoints").await;
+    assert_ne!(list["endpoints"][0]["state"], "open", "{list}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn bad_push_config_is_refused_naming_the_key() {
     let cases = [

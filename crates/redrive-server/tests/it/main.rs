@@ -17,6 +17,7 @@ mod e2e_ordering;
 mod e2e_php_worker;
 mod e2e_publish;
 mod e2e_push;
+mod e2e_push_cluster;
 mod e2e_queues_ops;
 mod e2e_smoke;
 mod e2e_sql_publish;

@@ -1,4 +1,5 @@
 //! Membership and leadership ([`Store::heartbeat`], [`Store::leave`], [`Store::cluster`]),
+//! and push endpoints' breaker trips ([`Store::endpoint_trip`], [`Store::endpoint_trips`]),
 //! on one handle: the rule of [`crate::cluster::next_leader`] at the store, with the fake
 //! clock. Two handles competing for leadership are in [`super::shared`].
 
@@ -7,7 +8,7 @@ use crate::{Heartbeat, Store};
 use std::sync::Arc;
 
 /// A heartbeat of node `n` (incarnation `n-1`), standing for leadership for 10 s.
-pub(crate) fn beat(n: &str, lead: bool) -> Heartbeat {
+pub fn beat(n: &str, lead: bool) -> Heartbeat {
     Heartbeat {
         node: n.to_owned(),
         incarnation: format!("{n}-1"),
@@ -124,5 +125,80 @@ pub fn leaving_hands_leadership_over_at_once<S: Store>(s: Arc<S>) -> super::Case
         assert_eq!((l.incarnation.as_str(), l.epoch), ("a-2", 2));
         let b = s.heartbeat(beat("b", true), Some(at(5))).await.expect("b");
         assert!(b.leads("a-2"));
+    })
+}
+
+/// A trip is listed until its open period ends (strictly before `open_until`), by endpoint;
+/// a shorter trip recorded meanwhile does not shorten it, a longer one replaces it with its
+/// node and time.
+pub fn endpoint_trips_keep_the_latest_period_until_it_ends<S: Store>(
+    s: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        let trips = |t: i64| {
+            let s = s.clone();
+            async move { s.endpoint_trips(Some(at(t))).await.expect("trips") }
+        };
+        let trip = |e: &str, who: &str, ms: u64, t: i64| {
+            let (s, e, who) = (s.clone(), e.to_owned(), who.to_owned());
+            async move {
+                s.endpoint_trip(e, who, ms, Some(at(t)))
+                    .await
+                    .expect("trip")
+            }
+        };
+        let got = trips(0).await;
+        assert!(got.open.is_empty(), "a new store has no trip: {got:?}");
+        assert_eq!(got.at, at(0));
+        trip("http://e1:80", "a-1", 5_000, 0).await;
+        let got = trips(1).await;
+        assert_eq!(
+            got.open,
+            [crate::EndpointTrip {
+                endpoint: "http://e1:80".into(),
+                incarnation: "a-1".into(),
+                tripped_at: at(0),
+                open_until: at(5_000),
+            }]
+        );
+        // Shorter: e1 keeps a-1's period.
+        trip("http://e1:80", "b-1", 2_000, 1_000).await;
+        trip("http://e2:80", "b-1", 1_000, 1_000).await;
+        let got = trips(1_500).await;
+        let open: Vec<(&str, &str, i64)> = got
+            .open
+            .iter()
+            .map(|t| {
+                (
+                    t.endpoint.as_str(),
+                    t.incarnation.as_str(),
+                    t.open_until.as_millis() - at(0).as_millis(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            open,
+            [
+                ("http://e1:80", "a-1", 5_000),
+                ("http://e2:80", "b-1", 2_000)
+            ]
+        );
+        // e2's period ends at 2 s: no longer listed then.
+        let got = trips(2_000).await;
+        assert_eq!(got.open.len(), 1, "{got:?}");
+        assert_eq!(got.open[0].endpoint, "http://e1:80");
+        // Longer: replaces it, with its node and time.
+        trip("http://e1:80", "b-1", 10_000, 4_000).await;
+        let got = trips(13_999).await;
+        assert_eq!(got.open.len(), 1, "{got:?}");
+        let t = &got.open[0];
+        assert_eq!(
+            (t.incarnation.as_str(), t.tripped_at, t.open_until),
+            ("b-1", at(4_000), at(14_000))
+        );
+        assert!(trips(14_000).await.open.is_empty());
+        // A trip after every period ended is listed again.
+        trip("http://e2:80", "a-1", 1_000, 20_000).await;
+        assert_eq!(trips(20_500).await.open.len(), 1);
     })
 }

@@ -303,6 +303,7 @@ macro_rules! conformance_tests {
                 first_standing_node_leads,
                 lapsed_leadership_passes_with_the_next_epoch,
                 leaving_hands_leadership_over_at_once,
+                endpoint_trips_keep_the_latest_period_until_it_ends,
             ],
             sessions: [
                 session_is_found_touched_and_expires,

@@ -275,6 +275,31 @@ pub fn a_session_from_one_handle_is_known_and_ended_on_the_other<S: Store>(
     })
 }
 
+/// A breaker trip recorded on one handle is listed on the other, at the store's clock
+/// (`now: None`), with the rest of its period.
+pub fn a_trip_on_one_handle_is_seen_on_the_other<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        a.endpoint_trip("http://down:80".into(), "a-1".into(), 60_000, None)
+            .await
+            .expect("trip on a");
+        let got = b.endpoint_trips(None).await.expect("trips on b");
+        assert_eq!(got.open.len(), 1, "{got:?}");
+        let t = &got.open[0];
+        assert_eq!(
+            (t.endpoint.as_str(), t.incarnation.as_str()),
+            ("http://down:80", "a-1")
+        );
+        let left = t.open_until.as_millis() - got.at.as_millis();
+        assert!(
+            (50_000..=60_000).contains(&left),
+            "the rest of the period, at the store's clock: {left} ms"
+        );
+    })
+}
+
 /// The cases of the area, by name.
 pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
     vec![
@@ -301,6 +326,10 @@ pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
         (
             "a_session_from_one_handle_is_known_and_ended_on_the_other",
             a_session_from_one_handle_is_known_and_ended_on_the_other::<S>,
+        ),
+        (
+            "a_trip_on_one_handle_is_seen_on_the_other",
+            a_trip_on_one_handle_is_seen_on_the_other::<S>,
         ),
     ]
 }
@@ -334,6 +363,7 @@ macro_rules! conformance_shared_tests {
                 a_publish_on_one_handle_wakes_the_other,
                 heartbeats_on_both_handles_elect_one_leader,
                 a_session_from_one_handle_is_known_and_ended_on_the_other,
+                a_trip_on_one_handle_is_seen_on_the_other,
             );
         }
     };
