@@ -157,12 +157,6 @@ pub fn check_lease(
     now: Timestamp,
     history: impl FnOnce() -> Result<Vec<HistoryEntry>, StoreError>,
 ) -> Result<(), StoreError> {
-    if cfg!(feature = "planted-bug-skip-lease-check")
-        && life.state == State::Leased
-        && lease_token == Some(token)
-    {
-        return Ok(()); // the planted bug: an expired lease still settles (see Cargo.toml)
-    }
     if lease_token != Some(token) {
         return Err(StoreError::LeaseMismatch);
     }

@@ -43,10 +43,11 @@
 //!
 //!   Every count must be 0. The checker's own tests (below) feed it histories with each
 //!   violation planted and check that it counts them.
-//! - **A planted bug**: built with the feature `planted-bug-skip-lease-check` (which makes
-//!   the store accept a settle under a lease that expired, as long as no tick reaped it
-//!   yet), the harness must find violations instead:
-//!   `cargo test -p redrive --features planted-bug-skip-lease-check --test cluster_faults --
+//! - **A planted bug**: built with the feature `planted-bug-early-expiry` (the scheduler's
+//!   tick hands the store this node's clock a second ahead, so leases expire a second
+//!   early: the class of bug the harness found on its first run), it must find violations
+//!   instead:
+//!   `cargo test -p redrive --features planted-bug-early-expiry --test cluster_faults --
 //!   --nocapture`. docs/DURABILITY.md has what it found.
 //!
 //! `REDRIVE_CLUSTER_FAULT_SECS` sets how long faults go on (default 45; the long run in
@@ -82,7 +83,7 @@ const PLAIN: &str = "plain";
 const ORDERED: &str = "ordered";
 const SCHEMA_PREFIX: &str = "redrive_cluster";
 /// Whether this build carries the planted bug: then the checker must find violations.
-const PLANTED: bool = cfg!(feature = "planted-bug-skip-lease-check");
+const PLANTED: bool = cfg!(feature = "planted-bug-early-expiry");
 
 /// This process's wall clock, ms since the epoch.
 fn wall() -> i64 {
