@@ -194,7 +194,8 @@ async fn bulk_redrive_resumes_after_kill_9_and_acts_on_each_message_once() {
 /// (SIGSTOP) past its leadership lease: the restarted first node takes over, and when the
 /// paused one wakes its steps are refused by the store (the step is fenced by the
 /// leadership's epoch). Every message is redriven exactly once. Needs the local PostgreSQL
-/// (skipped with a message without it, failed with `CI=true`).
+/// (skipped with a message without it, failed with `CI=true`). The task runs at 200/s so
+/// that each fault lands while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
     use common::pg::{pg_ready, Schema, PG_URL};
@@ -253,7 +254,7 @@ async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
         .create_task(&TaskRequest {
             action: "redrive".into(),
             filter,
-            rate: Some("1000/s".into()),
+            rate: Some("200/s".into()),
             ..TaskRequest::default()
         })
         .await
@@ -283,7 +284,10 @@ async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
     nodes[first].child.kill().unwrap();
     nodes[first].child.wait().unwrap();
     let killed = Instant::now();
-    let moved_on = task_until(&apis[other], &task.id, |t| t.done > at_kill.done + 10).await;
+    let moved_on = task_until(&apis[other], &task.id, |t| {
+        t.done > at_kill.done + 10 || t.is_final()
+    })
+    .await;
     let took_over_ms = killed.elapsed().as_millis();
     // The killed node comes back; the other, now leading, is paused past its lease at 60 %.
     let mut back = start_node(first);
@@ -316,7 +320,10 @@ async fn bulk_redrive_on_a_cluster_survives_its_leader_dying_and_pausing() {
                 .is_ok_and(|s| s.success())
         })
     };
-    task_until(&apis[first], &task.id, |t| t.done > at_stop.done + 10).await;
+    task_until(&apis[first], &task.id, |t| {
+        t.done > at_stop.done + 10 || t.is_final()
+    })
+    .await;
     let resumed_ms = stopped.elapsed().as_millis();
     assert!(cont.join().unwrap(), "kill -CONT");
 

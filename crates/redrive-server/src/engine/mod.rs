@@ -144,6 +144,13 @@ impl Engine {
         })
     }
 
+    /// How often work that another process sharing the store may have made (a message
+    /// ready, a task created on another node) is looked for without a notice; `None` on a
+    /// store no other process shares.
+    pub fn recheck(&self) -> Option<Duration> {
+        self.recheck
+    }
+
     /// This node's membership in its cluster: whether it leads (SPEC §13).
     pub fn membership(&self) -> &cluster::Membership {
         &self.membership

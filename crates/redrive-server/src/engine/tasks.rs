@@ -193,9 +193,12 @@ pub async fn run(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             }
             next = Some(next.map_or(r.next_at, |n| n.min(r.next_at)));
         }
+        // A task created on another node of the cluster wakes nobody here: on a shared
+        // store look again at least every `recheck` (1 s).
+        let idle = engine.recheck().unwrap_or(Duration::from_secs(3_600));
         let sleep = match next {
-            Some(at) => at.saturating_duration_since(Instant::now()),
-            None => Duration::from_secs(3_600),
+            Some(at) => at.saturating_duration_since(Instant::now()).min(idle),
+            None => idle,
         };
         if sleep.is_zero() {
             tokio::task::yield_now().await;

@@ -95,6 +95,7 @@ pub fn start_wrapped(
         .env_remove("REDRIVE_PG_CRASH_CYCLES")
         .env_remove("REDRIVE_CLUSTER_FAULT_SECS")
         .env_remove("REDRIVE_TEST_BIN")
+        .env_remove("REDRIVE_TASK_CRASH_MESSAGES")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
