@@ -1877,3 +1877,90 @@ async fn two_nodes_running_one_bridge_store_and_republish_each_message_once() {
     a.stop().await;
     t.delete(&admin).await;
 }
+
+/// SPEC §13, the Redis Streams bridge on several nodes: two nodes on one PostgreSQL schema
+/// run the same bridge of one stream and group. A worker reads every entry and acks only
+/// redrive's copies: each original goes unacked, is claimed by one of the two bridges once
+/// idle, stored once, and its retry added to the stream once, whichever node leases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
+    let Some(mut r) = redis_conn().await else {
+        return;
+    };
+    let run = format!("{:08x}", rand_u32());
+    let (stream, queue) = (format!("rs2.{run}"), format!("rs2q-{run}"));
+    create_group(&mut r, &stream).await;
+    let config = redis_config(&stream, &queue);
+    let a = TestServer::start_on_postgres(&config).await;
+    let b = a.start_beside(&config).await;
+    const N: usize = 30;
+    for i in 0..N {
+        let order = format!("o-{i}");
+        xadd(&mut r, &stream, &[(b"order", order.as_bytes())]).await;
+    }
+    // Originals stay unacked (the bridges claim them); copies are acked.
+    let mut seen: HashMap<String, Vec<bool>> = HashMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        for (id, fields) in read_group(&mut r, &stream).await {
+            let field = |k: &[u8]| {
+                fields
+                    .iter()
+                    .find(|(n, _)| n.as_slice() == k)
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            };
+            let order = field(b"order").expect("an order field");
+            let copy = field(b"redrive-retry-count").is_some();
+            seen.entry(order).or_default().push(copy);
+            if copy {
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&stream)
+                    .arg("workers")
+                    .arg(&id)
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+            }
+        }
+        let copied = seen.values().filter(|v| v.contains(&true)).count();
+        let done = messages_of(&a, &queue)
+            .await
+            .iter()
+            .filter(|m| m["state"] == "done")
+            .count();
+        if copied == N && done == N {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every entry was copied once and done: copied {copied}, done {done} of {N}"
+        );
+    }
+    // Room for a second copy, were one to come.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (id, fields) in read_group(&mut r, &stream).await {
+        let order = fields
+            .iter()
+            .find(|(n, _)| n.as_slice() == b"order")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or(id);
+        seen.entry(order).or_default().push(true);
+    }
+    let stored = messages_of(&a, &queue).await;
+    let per_order: Vec<usize> = seen
+        .values()
+        .map(|v| v.iter().filter(|c| **c).count())
+        .collect();
+    println!(
+        "redis bridge on two nodes: entries={N} stored={} copies per entry={:?}",
+        stored.len(),
+        per_order.iter().max()
+    );
+    assert_eq!(stored.len(), N, "an entry was stored twice or lost");
+    assert!(
+        per_order.iter().all(|c| *c == 1),
+        "copies per entry: {per_order:?}"
+    );
+    b.stop().await;
+    a.stop().await;
+}
