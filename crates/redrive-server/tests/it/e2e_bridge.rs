@@ -1834,8 +1834,7 @@ async fn two_nodes_running_one_bridge_store_and_republish_each_message_once() {
             .values()
             .filter(|v| v.len() >= 2)
             .count();
-        let stored = messages_of(&a, &t.queue).await;
-        let done = stored.iter().filter(|m| m["state"] == "done").count();
+        let done = done_of(&a, &t.queue).await;
         if twice == N && done == N {
             break;
         }
@@ -1903,14 +1902,8 @@ async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         for (id, fields) in read_group(&mut r, &stream).await {
-            let field = |k: &[u8]| {
-                fields
-                    .iter()
-                    .find(|(n, _)| n.as_slice() == k)
-                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            };
-            let order = field(b"order").expect("an order field");
-            let copy = field(b"redrive-retry-count").is_some();
+            let order = field_of(&fields, b"order").expect("an order field");
+            let copy = field_of(&fields, b"redrive-retry-count").is_some();
             seen.entry(order).or_default().push(copy);
             if copy {
                 let _: i64 = redis::cmd("XACK")
@@ -1923,11 +1916,7 @@ async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
             }
         }
         let copied = seen.values().filter(|v| v.contains(&true)).count();
-        let done = messages_of(&a, &queue)
-            .await
-            .iter()
-            .filter(|m| m["state"] == "done")
-            .count();
+        let done = done_of(&a, &queue).await;
         if copied == N && done == N {
             break;
         }
@@ -1939,11 +1928,7 @@ async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
     // Room for a second copy, were one to come.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for (id, fields) in read_group(&mut r, &stream).await {
-        let order = fields
-            .iter()
-            .find(|(n, _)| n.as_slice() == b"order")
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or(id);
+        let order = field_of(&fields, b"order").unwrap_or(id);
         seen.entry(order).or_default().push(true);
     }
     let stored = messages_of(&a, &queue).await;
@@ -1963,4 +1948,18 @@ async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
     );
     b.stop().await;
     a.stop().await;
+}
+
+/// How many messages of `queue` are `done` (of the first page, as [`messages_of`]).
+async fn done_of(s: &TestServer, queue: &str) -> usize {
+    let stored = messages_of(s, queue).await;
+    stored.iter().filter(|m| m["state"] == "done").count()
+}
+
+/// The value of the field `name` of a stream entry's fields, as text.
+fn field_of(fields: &[(Vec<u8>, Vec<u8>)], name: &[u8]) -> Option<String> {
+    fields
+        .iter()
+        .find(|(n, _)| n.as_slice() == name)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
