@@ -96,8 +96,13 @@ async fn open_engine(
     } = storage::open_store(config, &metrics).await?;
     let store = wrap(store);
     let engine = Arc::new(
-        engine::Engine::new(store, config.engine_config(), metrics.clone(), clock)
-            .map_err(|e| ServerError::Push(e.to_string()))?,
+        engine::Engine::new(
+            store,
+            config.engine_config(),
+            engine::Observers::none().with(metrics.clone()),
+            clock,
+        )
+        .map_err(|e| ServerError::Push(e.to_string()))?,
     );
     Ok((engine, metrics, Opened { backend, location }))
 }

@@ -4,6 +4,9 @@
 
 pub mod series;
 
+use crate::engine::bridge::BridgeGauges;
+use crate::engine::push::EndpointGauges;
+use crate::engine::{Event, Observer};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -97,34 +100,31 @@ struct BridgeEventLabels {
     event: &'static str,
 }
 
-/// One bridge's state for the gauges, read at scrape time.
-#[derive(Debug, Clone)]
-pub struct BridgeGauges {
-    /// The bridge's name (from the configuration: a bounded label).
-    pub bridge: String,
-    /// Connected to its broker now.
-    pub connected: bool,
-    /// Events since start, by kind.
-    pub events: Vec<(&'static str, u64)>,
-}
-
-/// One endpoint's state for the gauges, read at scrape time.
-#[derive(Debug, Clone)]
-pub struct EndpointGauges {
-    /// `scheme://host:port` (endpoints come from the configuration: a bounded label).
-    pub endpoint: String,
-    /// The breaker's state name.
-    pub state: &'static str,
-    /// Every state name, so the others read 0.
-    pub states: &'static [&'static str],
-    /// Calls in flight.
-    pub in_flight: u32,
-    /// Release pace, calls/s; `None` when unpaced.
-    pub pace_per_s: Option<f64>,
-    /// Messages parked now (released unattempted, waiting to be due again).
-    pub parked: u64,
-    /// Times the breaker opened.
-    pub opened_total: u64,
+/// The metrics watch the engine: each of its events is counted here.
+impl Observer for Metrics {
+    fn observe(&self, event: &Event<'_>) {
+        match *event {
+            Event::Published { queue, n } => self.published(queue, n),
+            Event::Leased { queue, lateness_ms } => self.leased(queue, lateness_ms),
+            Event::Acked { message, event } => self.acked(&message.queue, message.attempts, event),
+            Event::Released { queue } => self.released(queue),
+            Event::Failed {
+                outcome, delivery, ..
+            } => self.failed(outcome, delivery),
+            Event::Killed { queue } => self.dead(queue, "killed"),
+            Event::Purged { queue, n } => self.purged(queue, n),
+            Event::PushAttempt {
+                endpoint,
+                result,
+                latency_ms,
+            } => self.push_attempt(endpoint, result, latency_ms),
+            Event::PushParked { endpoint, reason } => self.push_parked(endpoint, reason),
+            Event::ConsumeStoreFault { queue, operation } => {
+                self.consume_store_fault(queue, operation)
+            }
+            Event::AlertSent { sink, kind } => self.alert_sent(sink, kind),
+        }
+    }
 }
 
 /// Every metric redrive exports.

@@ -23,14 +23,14 @@
 //!   batch's window in ms; for levels both are the time of the alert), so a publish retried
 //!   after an error is not a second message.
 
-use super::{Engine, Signal};
+use super::supervisor::{Placement, Service};
+use super::{Engine, Event, Observer, Signal};
 use redrive_core::{fingerprint, format_duration_ms, Message, MessageId, NewMessage, Timestamp};
 use redrive_storage::{QueueStats, StoreError};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// Fingerprints named in an alert, largest first.
 pub const TOP_REASONS: usize = 3;
@@ -306,6 +306,17 @@ pub struct DeadLetters {
     record: Mutex<Record>,
 }
 
+/// The record watches the engine: every death by failure goes into it.
+impl Observer for DeadLetters {
+    fn observe(&self, event: &Event<'_>) {
+        if let Event::Failed { outcome, at, .. } = event {
+            if outcome.dead_reason.is_some() {
+                self.record(&outcome.message, *at);
+            }
+        }
+    }
+}
+
 impl DeadLetters {
     /// A record for `settings` (it records nothing when alerts are off).
     pub fn new(settings: &AlertSettings) -> Self {
@@ -321,7 +332,7 @@ impl DeadLetters {
     }
 
     /// `m` became dead at `now`.
-    pub fn record(&self, m: &Message, now: Timestamp) {
+    fn record(&self, m: &Message, now: Timestamp) {
         let s = &self.settings;
         if !s.enabled() || !s.watched(&m.queue) || s.thresholds_of(&m.queue).dead_letters.is_none()
         {
@@ -636,12 +647,12 @@ struct Outgoing {
 }
 
 /// Start the notifier when there is a sink to send to.
-pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Option<JoinHandle<()>> {
-    engine
-        .config()
-        .alerts
-        .enabled()
-        .then(|| tokio::spawn(run(engine.clone(), stop.clone())))
+pub(super) fn services(engine: &Engine) -> Vec<Service> {
+    if !engine.config().alerts.enabled() {
+        return Vec::new();
+    }
+    // Every node sends alerts of the deaths it saw; the leader alone evaluates levels.
+    vec![Service::new("alerts", Placement::EveryNode, run)]
 }
 
 /// Evaluate every `interval` until `stop`; then send the open batches.
@@ -733,7 +744,10 @@ async fn publish(engine: &Engine, outbox: &mut Vec<Outgoing>) -> usize {
                         continue;
                     }
                     n += 1;
-                    engine.metrics().alert_sent(&o.sink, o.kind.as_str());
+                    engine.observe(Event::AlertSent {
+                        sink: &o.sink,
+                        kind: o.kind.as_str(),
+                    });
                     tracing::info!(sink = %o.sink, kind = o.kind.as_str(), message = %p.message.id,
                         queue = %o.message.queue, "alert published");
                 }
@@ -1267,7 +1281,7 @@ mod tests {
         let engine = Engine::new(
             Arc::new(store),
             crate::engine::EngineConfig::default(),
-            Arc::new(crate::metrics::Metrics::new()),
+            crate::engine::Observers::none(),
             clock,
         )
         .unwrap();

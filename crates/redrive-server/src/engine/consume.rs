@@ -27,7 +27,7 @@
 //!
 //! Tests wait on [`Signal::Settled`] and [`Signal::StoreFault`] instead of sleeping.
 
-use super::{Engine, Signal};
+use super::{Engine, Event, Signal};
 use redrive_core::{ErrorClass, Failure};
 use redrive_storage::{Ack, LeaseRef, Leased, Nack, Release, StoreError};
 use std::future::Future;
@@ -275,9 +275,10 @@ impl Settler {
 
     /// The policy's bookkeeping of a store fault during `operation` on `count` messages.
     fn store_fault(&self, operation: &'static str, count: usize, e: StoreError) {
-        self.engine
-            .metrics()
-            .consume_store_fault(&self.queue, operation);
+        self.engine.observe(Event::ConsumeStoreFault {
+            queue: &self.queue,
+            operation,
+        });
         self.engine.signals().send(|| Signal::StoreFault {
             queue: self.queue.to_string(),
             operation,
@@ -367,7 +368,7 @@ pub async fn run<D: Deliverer>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{EngineConfig, ManualClock, SignalReceiver};
+    use crate::engine::{EngineConfig, ManualClock, Observers, SignalReceiver};
     use crate::testing::FaultyStore;
     use redrive_core::{
         Backoff, Jitter, MessageId, NewMessage, QueueCatalog, QueueSettings, RetryPolicy, State,
@@ -406,8 +407,7 @@ mod tests {
             catalog,
             ..EngineConfig::default()
         };
-        let metrics = Arc::new(crate::metrics::Metrics::new());
-        let engine = Engine::new(store.clone(), config, metrics, clock.clone()).unwrap();
+        let engine = Engine::new(store.clone(), config, Observers::none(), clock.clone()).unwrap();
         (Arc::new(engine), store, clock)
     }
 

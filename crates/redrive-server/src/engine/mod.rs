@@ -3,24 +3,27 @@
 //! The engine adds what the store does not know about: long polling (waiting
 //! for a queue to get ready messages), waking those waiters after the writes
 //! that make messages deliverable, the scheduler and purger
-//! ([`scheduler`]), and metrics. Each operation calls exactly one store
-//! transition, so its atomicity and durability are the store's.
+//! ([`scheduler`]), and events for its observers ([`observe`]: the metrics and the
+//! alert notifier watch it; the engine imports neither). Each operation calls exactly one
+//! store transition, so its atomicity and durability are the store's.
 
 pub mod alerts;
 pub mod bridge;
 mod clock;
 pub mod cluster;
 pub mod consume;
+pub mod observe;
 pub mod push;
 pub mod scheduler;
 mod signals;
+pub mod supervisor;
 pub mod tasks;
 mod waiters;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use observe::{Event, Observer, Observers};
 pub use signals::{Signal, SignalReceiver, Signals};
 
-use crate::metrics::Metrics;
 use redrive_core::{Message, MessageId, NewMessage, Ordering, QueueCatalog, State, Timestamp};
 use redrive_storage::{
     Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, NewAudit,
@@ -94,7 +97,7 @@ const TICK_WAKE_CONSUMERS: usize = 4;
 pub struct Engine {
     store: Arc<dyn Store>,
     config: EngineConfig,
-    metrics: Arc<Metrics>,
+    observers: Observers,
     clock: Arc<dyn Clock>,
     waiters: Waiters,
     signals: Signals,
@@ -102,7 +105,7 @@ pub struct Engine {
     push: push::Endpoints,
     bridges: bridge::Bridges,
     tasks: tasks::Tasks,
-    dead_letters: alerts::DeadLetters,
+    dead_letters: Arc<alerts::DeadLetters>,
     membership: cluster::Membership,
     /// How often a long poll looks again on its own (the store's `Notifier::recheck`).
     recheck: Option<Duration>,
@@ -115,17 +118,19 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine over `store`, reading the time from `clock`. Fails only when an HTTP
-    /// client for a push endpoint cannot be built.
+    /// An engine over `store`, reading the time from `clock`, telling `observers` what it
+    /// does (and its own alert notifier's record of deaths, which watches it too). Fails
+    /// only when an HTTP client for a push endpoint cannot be built.
     pub fn new(
         store: Arc<dyn Store>,
         config: EngineConfig,
-        metrics: Arc<Metrics>,
+        observers: Observers,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, redrive_push::send::BuildError> {
         let push = push::Endpoints::new(&config.push)?;
         let bridges = bridge::Bridges::new(&config.bridges);
-        let dead_letters = alerts::DeadLetters::new(&config.alerts);
+        let dead_letters = Arc::new(alerts::DeadLetters::new(&config.alerts));
+        let observers = observers.with(dead_letters.clone());
         let recheck = store.notifier().recheck();
         Ok(Self {
             recheck,
@@ -133,7 +138,7 @@ impl Engine {
             dead_letters,
             store,
             config,
-            metrics,
+            observers,
             clock,
             waiters: Waiters::default(),
             signals: Signals::default(),
@@ -217,9 +222,9 @@ impl Engine {
         &self.signals
     }
 
-    /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+    /// Tell the observers what the engine did (see [`observe`]).
+    pub(crate) fn observe(&self, event: Event<'_>) {
+        self.observers.notify(event);
     }
 
     /// Stop long polls: waiting consumers answer now (with what they have).
@@ -264,7 +269,10 @@ impl Engine {
             }
         }
         for (q, published, ready) in per_queue {
-            self.metrics.published(q, published);
+            self.observe(Event::Published {
+                queue: q,
+                n: published,
+            });
             if ready > 0 {
                 self.waiters.wake(q, ready);
             }
@@ -298,7 +306,10 @@ impl Engine {
             let leased = self.store.lease(req, self.clock.for_store()).await?;
             if !leased.is_empty() || wait_ms == 0 || self.is_shutting_down() {
                 for l in &leased {
-                    self.metrics.leased(queue, l.lateness_ms);
+                    self.observe(Event::Leased {
+                        queue,
+                        lateness_ms: l.lateness_ms,
+                    });
                 }
                 if leased.len() == max as usize {
                     // A full batch: more may be ready. Pass the wake-up on (see `Waiters`).
@@ -334,8 +345,10 @@ impl Engine {
             .zip(events)
             .filter_map(|(r, e)| Some((r.as_ref().ok()?, e)));
         for (a, event) in acked.filter(|(a, _)| !a.repeated) {
-            self.metrics
-                .acked(&a.message.queue, a.message.attempts, event);
+            self.observe(Event::Acked {
+                message: &a.message,
+                event,
+            });
             if a.message.key.is_some() && self.key_ordered(&a.message.queue) {
                 self.waiters.wake(&a.message.queue, 1);
             }
@@ -355,14 +368,14 @@ impl Engine {
         Ok(out)
     }
 
-    /// Count a failed attempt; a message it made dead goes into the alert notifier's record
-    /// (the one place that sees every death by failure: nack, expired lease, return, publish
-    /// with `failed`).
-    fn failure_seen(&self, f: &FailureOutcome, delivery_outcome: Option<&'static str>) {
-        self.metrics.failed(f, delivery_outcome);
-        if f.dead_reason.is_some() {
-            self.dead_letters.record(&f.message, self.clock.now());
-        }
+    /// Announce a failed attempt (the one place that sees every death by failure: nack,
+    /// expired lease, return, publish with `failed`; the alert notifier's record watches it).
+    fn failure_seen(&self, f: &FailureOutcome, delivery: Option<&'static str>) {
+        self.observe(Event::Failed {
+            outcome: f,
+            delivery,
+            at: self.clock.now(),
+        });
     }
 
     fn after_failure(&self, f: &FailureOutcome, delivery_outcome: &'static str) {
@@ -393,7 +406,7 @@ impl Engine {
                         Released::Charged(f) => self.after_failure(f, "released"),
                         Released::Uncharged(m) => {
                             if by == ReleaseBy::Consumer {
-                                self.metrics.released(&m.queue);
+                                self.observe(Event::Released { queue: &m.queue });
                             }
                             let unblocks_key = m.key.is_some() && self.key_ordered(&m.queue);
                             if m.state == State::Ready || unblocks_key {
@@ -461,7 +474,7 @@ impl Engine {
             TaskAction::Redrive => self.waiters.wake(queue, 1),
             TaskAction::Kill | TaskAction::Delete => {
                 if action == TaskAction::Kill {
-                    self.metrics.dead(queue, "killed");
+                    self.observe(Event::Killed { queue });
                 }
                 if keyed && self.key_ordered(queue) {
                     self.waiters.wake(queue, 1);
@@ -533,7 +546,7 @@ impl Engine {
             .await?;
         let mut total = 0;
         for (q, n) in &p.done_deleted {
-            self.metrics.purged(q, *n);
+            self.observe(Event::Purged { queue: q, n: *n });
             total += n;
         }
         self.signals.send(|| Signal::Purged {

@@ -58,8 +58,8 @@
 //! (`crates/redrive/tests/push_crash.rs` kills the server with pushes in flight and counts).
 
 use super::consume::{self, CutShort, Deliverer, LeaseAsk, SettleResult, Settlement, Settler};
-use super::Engine;
-use crate::metrics::EndpointGauges;
+use super::supervisor::{Placement, Service};
+use super::{Engine, Event};
 use redrive_core::{AttemptResponse, ErrorClass, Failure, MessageId, Timestamp, Waited, WaitedFor};
 use redrive_push::classify::{Rules, Verdict};
 use redrive_push::protect::{
@@ -75,7 +75,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 
 /// A lease of a push attempt lasts its timeout plus this: room for the wait for a rate or
 /// concurrency slot ([`HOLD_MAX_MS`]) and the ack's commit. It is also how long after its
@@ -413,6 +413,25 @@ impl Endpoint {
     }
 }
 
+/// One endpoint's state for the gauges, read at scrape time.
+#[derive(Debug, Clone)]
+pub struct EndpointGauges {
+    /// `scheme://host:port` (endpoints come from the configuration: a bounded label).
+    pub endpoint: String,
+    /// The breaker's state name.
+    pub state: &'static str,
+    /// Every state name, so the others read 0.
+    pub states: &'static [&'static str],
+    /// Calls in flight.
+    pub in_flight: u32,
+    /// Release pace, calls/s; `None` when unpaced.
+    pub pace_per_s: Option<f64>,
+    /// Messages parked now (released unattempted, waiting to be due again).
+    pub parked: u64,
+    /// Times the breaker opened.
+    pub opened_total: u64,
+}
+
 /// Every push endpoint, and which queue pushes where.
 #[derive(Debug)]
 pub struct Endpoints {
@@ -633,21 +652,21 @@ impl Endpoints {
 
 /// Start one worker per push queue, and the task that gives the endpoints this node's
 /// share of their limits whenever its rank in the cluster changes.
-pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+pub(super) fn services(engine: &Engine) -> Vec<Service> {
     let queues: Vec<String> = engine.push().by_queue.keys().cloned().collect();
     if queues.is_empty() {
         return Vec::new();
     }
-    let mut tasks = vec![
-        tokio::spawn(follow_rank(engine.clone(), stop.clone())),
-        tokio::spawn(follow_trips(engine.clone(), stop.clone())),
+    let mut services = vec![
+        Service::new("push-rank", Placement::EveryNode, follow_rank),
+        Service::new("push-trips", Placement::EveryNode, follow_trips),
     ];
-    tasks.extend(
-        queues
-            .into_iter()
-            .map(|q| tokio::spawn(queue_worker(engine.clone(), q, stop.clone()))),
-    );
-    tasks
+    services.extend(queues.into_iter().map(|q| {
+        Service::new(format!("push:{q}"), Placement::EveryNode, move |e, stop| {
+            queue_worker(e, q.clone(), stop)
+        })
+    }));
+    services
 }
 
 /// Apply each rank the heartbeat learns ([`super::cluster::Membership::subscribe_rank`])
@@ -947,9 +966,10 @@ async fn park(
         .pop()
     {
         ep.parked_set().insert(id);
-        engine
-            .metrics()
-            .push_parked(&ep.label, wait.reason.as_str());
+        engine.observe(Event::PushParked {
+            endpoint: &ep.label,
+            reason: wait.reason.as_str(),
+        });
     }
 }
 
@@ -1058,9 +1078,11 @@ async fn deliver(
         }
     }
     ep.changed.notify_waiters();
-    engine
-        .metrics()
-        .push_attempt(&ep.label, result, sent.latency_ms);
+    engine.observe(Event::PushAttempt {
+        endpoint: &ep.label,
+        result,
+        latency_ms: sent.latency_ms,
+    });
     let lease = LeaseRef {
         id: l.message.id,
         token: l.token,

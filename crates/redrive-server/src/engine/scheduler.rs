@@ -1,5 +1,6 @@
 //! Background services: the scheduler (promotion of due messages and the lease
-//! reaper, one loop, on every node of a cluster) and the purger (on the leader only).
+//! reaper, one loop, on every node of a cluster) and the purger (on the leader only), and
+//! the start of every service of the node under the [`super::supervisor`].
 //!
 //! The scheduler does not poll. The store publishes a *wake hint* — the
 //! earliest scheduled due time or lease expiry it knows of — and the scheduler
@@ -8,6 +9,7 @@
 //! got ready messages, and sleeps again until the tick's answer. Memory holds
 //! one timestamp, whatever the number of scheduled messages.
 
+use super::supervisor::{supervise, Placement, Service};
 use super::Engine;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,31 +47,36 @@ impl Background {
     }
 }
 
-/// Start the heartbeat, the scheduler, the purger, the bulk tasks' runner, the push
-/// delivery workers, the bridges and the alert notifier.
+/// Every background service of this node but the heartbeat: the scheduler, the purger,
+/// the bulk tasks' runner, push delivery, the bridges and the alert notifier (the table in
+/// [`super::supervisor`] says where each acts).
+pub fn services(engine: &Engine) -> Vec<Service> {
+    let mut services = vec![
+        Service::new("scheduler", Placement::EveryNode, scheduler_loop),
+        Service::new(
+            "ready-elsewhere",
+            Placement::EveryNode,
+            ready_elsewhere_loop,
+        ),
+        Service::new("tasks", Placement::Leader, super::tasks::run),
+        Service::new("purge", Placement::Leader, purge_loop),
+    ];
+    services.extend(super::push::services(engine));
+    services.extend(super::bridge::services(engine));
+    services.extend(super::alerts::services(engine));
+    services
+}
+
+/// Start the heartbeat and every service of [`services`], each under the supervisor.
 pub fn start(engine: Arc<Engine>) -> Background {
     let (stop, stop_rx) = watch::channel(false);
     let (beat_stop, beat_stop_rx) = watch::channel(false);
-    let heartbeat = (
-        beat_stop,
-        tokio::spawn(super::cluster::run(engine.clone(), beat_stop_rx)),
-    );
-    let mut tasks = super::push::start(engine.clone(), &stop_rx);
-    tasks.extend(super::bridge::start(engine.clone(), &stop_rx));
-    tasks.extend(super::alerts::start(engine.clone(), &stop_rx));
-    tasks.push(tokio::spawn(scheduler_loop(
-        engine.clone(),
-        stop_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(super::tasks::run(
-        engine.clone(),
-        stop_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(ready_elsewhere_loop(
-        engine.clone(),
-        stop_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(purge_loop(engine, stop_rx)));
+    let beat = Service::new("heartbeat", Placement::EveryNode, super::cluster::run);
+    let heartbeat = (beat_stop, supervise(engine.clone(), beat, beat_stop_rx));
+    let tasks = services(&engine)
+        .into_iter()
+        .map(|s| supervise(engine.clone(), s, stop_rx.clone()))
+        .collect();
     Background {
         stop,
         tasks,

@@ -60,6 +60,11 @@ pub enum Signal {
         /// Alerts it published into sink queues (not counting replays of earlier ones).
         published: usize,
     },
+    /// A background service panicked and is started again ([`super::supervisor`]).
+    ServiceRestarted {
+        /// The service's name.
+        service: String,
+    },
     /// This node began or stopped leading its cluster ([`super::cluster`]).
     Leadership {
         /// Whether it leads now.

@@ -33,6 +33,7 @@ pub mod redis_streams;
 pub use rabbitmq::RabbitSettings;
 pub use redis_streams::RedisSettings;
 
+use super::supervisor::{Placement, Service};
 use super::Engine;
 use redrive_core::{ErrorClass, Failure, Message, NewMessage, State};
 use redrive_storage::{Returned, StoreError};
@@ -42,7 +43,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// Reconnect backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -458,7 +458,7 @@ impl Bridges {
     }
 
     /// Every bridge's state and counters, for the metrics.
-    pub fn gauges(&self) -> Vec<crate::metrics::BridgeGauges> {
+    pub fn gauges(&self) -> Vec<BridgeGauges> {
         self.views()
             .into_iter()
             .map(|v| {
@@ -471,7 +471,7 @@ impl Bridges {
                     ("dead", v.dead),
                     ("connects", v.connects),
                 ];
-                crate::metrics::BridgeGauges {
+                BridgeGauges {
                     connected: v.state == "connected",
                     bridge: v.name,
                     events,
@@ -481,13 +481,31 @@ impl Bridges {
     }
 }
 
-/// Start one task per bridge.
-pub(super) fn start(engine: Arc<Engine>, stop: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+/// One bridge's state for the gauges, read at scrape time.
+#[derive(Debug, Clone)]
+pub struct BridgeGauges {
+    /// The bridge's name (from the configuration: a bounded label).
+    pub bridge: String,
+    /// Connected to its broker now.
+    pub connected: bool,
+    /// Events since start, by kind.
+    pub events: Vec<(&'static str, u64)>,
+}
+
+/// One service per bridge.
+pub(super) fn services(engine: &Engine) -> Vec<Service> {
     engine
         .bridges()
         .list
         .iter()
-        .map(|b| tokio::spawn(run(engine.clone(), b.clone(), stop.clone())))
+        .map(|b| {
+            let b = b.clone();
+            Service::new(
+                format!("bridge:{}", b.settings.name()),
+                Placement::EveryNode,
+                move |e, stop| run(e, b.clone(), stop),
+            )
+        })
         .collect()
 }
 

@@ -39,7 +39,7 @@ use super::{base64_decode, base64_encode, err, Bridge, IntakeLimits, ReturnAppli
 use crate::engine::consume::{
     self, CutShort, Deliverer, DelivererFault, LeaseAsk, Settlement, Settler,
 };
-use crate::engine::Engine;
+use crate::engine::{Engine, Event};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage};
@@ -263,7 +263,10 @@ async fn claim(
             // and is claimed again; the connection is kept.
             tracing::error!(bridge = %s.name, queue = %s.queue, entry = %id, error = %e,
                 "could not store a claimed entry (a store fault); it stays pending and is claimed again");
-            engine.metrics().consume_store_fault(&s.queue, "intake");
+            engine.observe(Event::ConsumeStoreFault {
+                queue: &s.queue,
+                operation: "intake",
+            });
             tokio::time::sleep(INTAKE_BACKOFF).await;
             return Ok(taken);
         }
