@@ -431,12 +431,28 @@ impl Cluster {
             self.ports[i],
             &config,
             &["--storage-url", &url],
+            Some(&dir.join("node.log")),
         );
         assert!(
             wait_ready(client, &mut node).await,
             "node n{i} did not start"
         );
         self.nodes[i] = Some(node);
+    }
+
+    /// The error lines of every node's log (`ERROR` events and panics), each prefixed with
+    /// its node: what a 5xx answer or an unexpected exit was.
+    fn error_lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, dir) in self.dirs.iter().enumerate() {
+            let text = std::fs::read_to_string(dir.path().join("node.log")).unwrap_or_default();
+            out.extend(
+                text.lines()
+                    .filter(|l| l.contains("ERROR") || l.contains("panicked"))
+                    .map(|l| format!("n{i}: {l}")),
+            );
+        }
+        out
     }
 
     fn pid(&self, i: usize) -> u32 {
@@ -973,6 +989,11 @@ async fn three_nodes_under_faults_lose_nothing() {
     }
     for u in h.unexpected.iter().take(20) {
         println!("  unexpected answer: {u}");
+    }
+    let errors = cluster.error_lines();
+    println!("  node log errors: {}", errors.len());
+    for e in errors.iter().take(20) {
+        println!("  node log: {e}");
     }
     assert!(done.len() >= 4, "every kind of fault ran at least once");
     assert!(acks_ok > 100, "the load did work: {acks_ok} acks");

@@ -50,11 +50,12 @@ pub fn start_with(
     config_text: &str,
     extra: &[&str],
 ) -> Node {
-    start_wrapped(&[], config_dir, data_dir, port, config_text, extra)
+    start_wrapped(&[], config_dir, data_dir, port, config_text, extra, None)
 }
 
 /// [`start_with`] run through `wrapper` (a program and its arguments that runs the command
-/// after them, e.g. `["faketime", "-f", "+5m"]`); empty: the binary itself.
+/// after them, e.g. `["faketime", "-f", "+5m"]`); empty: the binary itself. With `log`,
+/// the server's log (stderr) is appended to that file instead of this process's stderr.
 pub fn start_wrapped(
     wrapper: &[&str],
     config_dir: &Path,
@@ -62,6 +63,7 @@ pub fn start_wrapped(
     port: u16,
     config_text: &str,
     extra: &[&str],
+    log: Option<&Path>,
 ) -> Node {
     let config = config_dir.join("redrive.toml");
     std::fs::write(&config, config_text).unwrap();
@@ -76,6 +78,16 @@ pub fn start_wrapped(
             c
         }
         None => Command::new(&bin),
+    };
+    let stderr = match log {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open the node's log file"),
+        ),
+        None => Stdio::inherit(),
     };
     let child = cmd
         .args([
@@ -97,7 +109,7 @@ pub fn start_wrapped(
         .env_remove("REDRIVE_TEST_BIN")
         .env_remove("REDRIVE_TASK_CRASH_MESSAGES")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("spawn redrive serve");
     Node {
