@@ -14,6 +14,12 @@
 #   scripts/bench_storm.sh                       # the three cases, ~10 minutes
 #   CASES=30 scripts/bench_storm.sh              # one of them
 #   OUTAGE=45s REFUSED=15s RATE=150 ARRIVALS=150s scripts/bench_storm.sh   # a shape of your own
+#   NODES=3 CASES=30 scripts/bench_storm.sh      # on a cluster of 3 nodes on PostgreSQL
+#
+# NODES (default 1): with more than one, the cases run on that many nodes of one cluster on
+# PostgreSQL (PG_URL, default postgres://root@127.0.0.1:5432/test; a fresh schema per case,
+# dropped after), nodes on $PORT … $PORT+NODES-1: every node pushes, each within its share of
+# the endpoint's limits, with one shared breaker; messages are published to the first node.
 #
 # Both queues retry as the design note's simulation does: 8 attempts, exponential from 1 s
 # ×2 capped at 60 s, full jitter, max_age 15 m.
@@ -26,6 +32,9 @@ OFF=${OFF:-127.0.0.1:18182}
 CAPACITY=${CAPACITY:-250}
 BEFORE=${BEFORE:-30s}
 CASES=${CASES:-60 30 15}
+NODES=${NODES:-1}
+PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
+[[ $NODES =~ ^[1-9][0-9]*$ ]] || { echo "bad NODES $NODES: expected a node count" >&2; exit 2; }
 
 # shellcheck source=bench_server.sh
 source scripts/bench_server.sh
@@ -67,17 +76,27 @@ run_case() {
   shift 4
   echo
   echo "== outage $outage ($refused refused), $rate msg/s for $arrivals =="
-  start "$WORK/data-$outage-$rate"
+  if [ "$NODES" -gt 1 ]; then
+    local schema="redrive_storm_bench_${outage%s}_$rate"
+    psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+    EXTRA_NODES=$((NODES - 1)) start "$WORK/data-$outage-$rate" "$PG_URL" "$schema"
+  else
+    start "$WORK/data-$outage-$rate"
+  fi
   "$BENCH" --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
     --storm-rate "$rate" --storm-capacity "$CAPACITY" --storm-before "$BEFORE" \
     --storm-outage "$outage" --storm-refused "$refused" --storm-arrivals "$arrivals" \
     --timeout 20m "$@"
   stop
+  if [ "$NODES" -gt 1 ]; then
+    psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+  fi
 }
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$NODES" -gt 1 ]; then echo "nodes: $NODES on $PG_URL"; else echo "nodes: 1, embedded store"; fi
 if [ -n "${OUTAGE:-}" ]; then
   run_case "${RATE:-200}" "${ARRIVALS:-300s}" "$OUTAGE" "${REFUSED:-0s}" "$@"
 else
