@@ -12,8 +12,9 @@ use redrive_storage::{
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A store that passes every call to `inner`, except the `ack`, `lease` and `session_get`
-/// calls it was told to fail ([`FaultyStore::fail_acks`], [`FaultyStore::fail_leases`],
+/// A store that passes every call to `inner`, except the `ack`, `lease`, `publish` and
+/// `session_get` calls it was told to fail ([`FaultyStore::fail_acks`],
+/// [`FaultyStore::fail_leases`], [`FaultyStore::fail_publishes`],
 /// [`FaultyStore::fail_session_lookups`]): those answer
 /// [`StoreError::Unavailable`] without reaching `inner` (nothing is written), as a store
 /// whose database went away would.
@@ -23,6 +24,8 @@ pub struct FaultyStore {
     acks_failed: AtomicUsize,
     leases_to_fail: AtomicUsize,
     leases_failed: AtomicUsize,
+    publishes_to_fail: AtomicUsize,
+    publishes_failed: AtomicUsize,
     session_lookups_to_fail: AtomicUsize,
 }
 
@@ -47,6 +50,8 @@ impl FaultyStore {
             acks_failed: AtomicUsize::new(0),
             leases_to_fail: AtomicUsize::new(0),
             leases_failed: AtomicUsize::new(0),
+            publishes_to_fail: AtomicUsize::new(0),
+            publishes_failed: AtomicUsize::new(0),
             session_lookups_to_fail: AtomicUsize::new(0),
         }
     }
@@ -69,6 +74,16 @@ impl FaultyStore {
     /// `lease` calls failed so far.
     pub fn leases_failed(&self) -> usize {
         self.leases_failed.load(Ordering::SeqCst)
+    }
+
+    /// Fail the next `n` `publish` calls.
+    pub fn fail_publishes(&self, n: usize) {
+        self.publishes_to_fail.store(n, Ordering::SeqCst);
+    }
+
+    /// `publish` calls failed so far.
+    pub fn publishes_failed(&self) -> usize {
+        self.publishes_failed.load(Ordering::SeqCst)
     }
 
     /// Fail the next `n` `session_get` calls (the console's session check).
@@ -112,6 +127,10 @@ impl Store for FaultyStore {
         items: Vec<NewMessage>,
         now: Option<Timestamp>,
     ) -> Result<Vec<Published>, StoreError> {
+        if take_one(&self.publishes_to_fail) {
+            self.publishes_failed.fetch_add(1, Ordering::SeqCst);
+            return Err(Self::injected("publish"));
+        }
         self.inner.publish(items, now).await
     }
 

@@ -924,6 +924,53 @@ async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_cop
     t.delete(&admin).await;
 }
 
+/// Issue 17: a store fault while storing an intake delivery is the store's, not the
+/// broker's: the delivery is requeued, the connection kept (`connects` stays 1), the fault
+/// counted (`operation="intake"`), and the redelivery is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_fault_while_storing_an_intake_delivery_keeps_the_connection_and_stores_it_once() {
+    let Some(conn) = rabbit().await else { return };
+    let admin = conn.create_channel().await.unwrap();
+    let t = Topology::declare(&admin).await;
+    let clock = Arc::new(redrive_server::engine::ManualClock::new(
+        redrive_core::Timestamp::now(),
+    ));
+    let (s, store) = TestServer::start_with_faulty_store(&t.config("", RETRY_4_FAST), clock).await;
+    connected(&s).await;
+    // Rejects the first delivery (RabbitMQ dead-letters it to the intake), acks the copy.
+    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+    tokio::spawn(recorder(
+        conn.create_channel().await.unwrap(),
+        t.work_q.clone(),
+        Some(1),
+        seen.clone(),
+    ));
+    store.fail_publishes(1);
+    let publisher = conn.create_channel().await.unwrap();
+    let props = BasicProperties::default().with_message_id(ShortString::from("m-1"));
+    publish_raw(&t, &publisher, b"stored once", props).await;
+    wait_bridge(&s, "the intake after the fault", |b| b["intake"] == 1).await;
+    assert_eq!(store.publishes_failed(), 1, "the store fault was injected");
+    let messages = messages_of(&s, &t.queue).await;
+    assert_eq!(messages.len(), 1, "stored once: {messages:?}");
+    let (_, b) = s.get("/v1/bridges").await;
+    let b = &b["bridges"][0];
+    assert_eq!(b["state"], "connected", "{b}");
+    assert_eq!(
+        b["connects"], 1,
+        "a store fault reconnected the broker: {b}"
+    );
+    assert_eq!(b["duplicates"], 0, "{b}");
+    let metrics = s.get_text("/metrics").await.1;
+    let line = format!(
+        "redrive_consume_store_faults_total{{queue=\"{}\",operation=\"intake\"}} 1",
+        t.queue
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    s.stop().await;
+    t.delete(&admin).await;
+}
+
 // ---- issue 15: intake deduplication, size limits, readable and exact messages ----
 
 /// One delivery as the work queue's consumer saw it.

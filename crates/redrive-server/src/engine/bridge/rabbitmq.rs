@@ -63,7 +63,7 @@ use super::{base64_decode, base64_encode, err, identity, Bridge, IntakeLimits, R
 use crate::engine::consume::{
     self, CutShort, Deliverer, DelivererFault, LeaseAsk, Settlement, Settler,
 };
-use crate::engine::Engine;
+use crate::engine::{Engine, Event};
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -74,7 +74,7 @@ use lapin::publisher_confirm::{Confirmation, PublisherConfirm};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage};
-use redrive_storage::{Ack, LeaseRef, Leased, Release, Returned};
+use redrive_storage::{Ack, LeaseRef, Leased, Release, Returned, StoreError};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -226,7 +226,7 @@ async fn serve(
         // Markers left from an earlier batch go first: a redelivery must not match them.
         let taken = match bridge.forget_markers(engine, Vec::new()).await {
             Ok(()) => take_in(engine, bridge, s, &publish, &deliveries).await,
-            Err(e) => Err(err(e)),
+            Err(e) => Err(IntakeError::Store(e)),
         };
         match taken {
             Ok(markers) => {
@@ -252,7 +252,14 @@ async fn serve(
             Err(e) => {
                 // Not stored: give them back to RabbitMQ, which delivers them again
                 // (what was stored is then recognised: returns apply once, new messages
-                // have their marker).
+                // have their marker). A store fault keeps the connection, as in the Redis
+                // bridge, and is counted like the consume driver's.
+                if let IntakeError::Store(_) = e {
+                    engine.observe(Event::ConsumeStoreFault {
+                        queue: &s.queue,
+                        operation: "intake",
+                    });
+                }
                 tracing::error!(bridge = %s.name, error = %e, "could not store intake messages; requeued");
                 for d in &deliveries {
                     d.acker
@@ -401,15 +408,15 @@ async fn take_in(
     s: &RabbitSettings,
     publish: &Channel,
     deliveries: &[Delivery],
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, IntakeError> {
     let mut news = Vec::new();
     // For each new message, the delivery it came from when it was refused (over a limit).
     let mut refused = Vec::new();
     let mut markers: Vec<String> = Vec::new();
     for d in deliveries {
-        let intake = intake_of(s, d)?;
+        let intake = intake_of(s, d).map_err(IntakeError::Delivery)?;
         if let Some(returned) = intake.returned {
-            match bridge.apply_return(engine, returned).await.map_err(err)? {
+            match bridge.apply_return(engine, returned).await? {
                 ReturnApplied::Done(dead) => {
                     if let Some(m) = dead {
                         bury(bridge, s, publish, &m).await;
@@ -421,11 +428,7 @@ async fn take_in(
         }
         let prefix = s.marker_prefix(&intake.identity);
         if d.redelivered {
-            if let Some(marker) = bridge
-                .find_marker(engine, &prefix, &markers)
-                .await
-                .map_err(err)?
-            {
+            if let Some(marker) = bridge.find_marker(engine, &prefix, &markers).await? {
                 // Stored before a crash or a lost connection kept it from being acked.
                 bridge.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 markers.push(marker);
@@ -439,7 +442,7 @@ async fn take_in(
         refused.push(intake.refused.then_some(d));
         news.push(message);
     }
-    let stored = bridge.store(engine, news).await.map_err(err)?;
+    let stored = bridge.store(engine, news).await?;
     for (dead, original) in stored.iter().zip(refused) {
         match (dead, original) {
             (Some(m), Some(d)) => bury_refused(bridge, s, publish, m, d).await,
@@ -448,6 +451,30 @@ async fn take_in(
         }
     }
     Ok(markers)
+}
+
+/// Why a batch of intake deliveries was not stored.
+#[derive(Debug)]
+enum IntakeError {
+    /// The store failed (a store fault, not the broker's: the connection is kept).
+    Store(StoreError),
+    /// A delivery could not be read.
+    Delivery(String),
+}
+
+impl From<StoreError> for IntakeError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl std::fmt::Display for IntakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(e) => write!(f, "store: {e}"),
+            Self::Delivery(e) => write!(f, "delivery: {e}"),
+        }
+    }
 }
 
 /// An intake delivery, understood.
