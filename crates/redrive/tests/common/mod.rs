@@ -55,7 +55,8 @@ pub fn start_with(
 
 /// [`start_with`] run through `wrapper` (a program and its arguments that runs the command
 /// after them, e.g. `["faketime", "-f", "+5m"]`); empty: the binary itself. With `log`,
-/// the server's log (stderr) is appended to that file instead of this process's stderr.
+/// the server's log (stdout) and anything on its stderr are appended to that file; without,
+/// its log is dropped and its stderr is this process's.
 pub fn start_wrapped(
     wrapper: &[&str],
     config_dir: &Path,
@@ -79,15 +80,18 @@ pub fn start_wrapped(
         }
         None => Command::new(&bin),
     };
-    let stderr = match log {
-        Some(path) => Stdio::from(
-            std::fs::OpenOptions::new()
+    // The server logs to stdout; a panic's message goes to stderr.
+    let (stdout, stderr) = match log {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)
-                .expect("open the node's log file"),
-        ),
-        None => Stdio::inherit(),
+                .expect("open the node's log file");
+            let copy = file.try_clone().expect("a second handle on the log file");
+            (Stdio::from(file), Stdio::from(copy))
+        }
+        None => (Stdio::null(), Stdio::inherit()),
     };
     let child = cmd
         .args([
@@ -108,7 +112,7 @@ pub fn start_wrapped(
         .env_remove("REDRIVE_CLUSTER_FAULT_SECS")
         .env_remove("REDRIVE_TEST_BIN")
         .env_remove("REDRIVE_TASK_CRASH_MESSAGES")
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .spawn()
         .expect("spawn redrive serve");
