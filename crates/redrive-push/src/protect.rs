@@ -140,11 +140,18 @@
 //! so it waits before leasing instead.
 //!
 //! **Retry budget** (`retry_budget` > 0): first attempts and retries admitted are counted in
-//! a sliding 10 s window of 1 s buckets. A retry is admitted while `retries <
+//! a sliding 10 s window of 1 s buckets. **While the endpoint is failing** (its breaker is
+//! not closed, or its window holds a failure) a retry is admitted while `retries <
 //! floor(retry_budget × first_attempts) + 10` in the window: the floor of
 //! [`BUDGET_FLOOR`] (10) retries per window lets a quiet endpoint still retry. A refused
 //! retry gets [`WaitReason::Budget`] until the next 1 s boundary (when a bucket rolls off)
-//! and nothing is consumed. A first attempt is never refused by the budget.
+//! and nothing is consumed. A first attempt is never refused by the budget. While the
+//! endpoint fails nothing (breaker closed, no failure in the window) retries are counted but
+//! not refused: a retry then adds no load to a failing downstream, which is what the budget
+//! is for, and a backlog of retries left after the first attempts stopped (leases that
+//! expired on a stalled node, say) would otherwise drain at 10 per 10 s, leased and parked
+//! again every second meanwhile. The first failure brings the budget back; the concurrency
+//! limit, the pace and the breaker hold a burst of retries as they hold any call.
 //!
 //! Order of the checks: breaker, concurrency, budget (retries only), rate and pace. Only
 //! when all pass is anything consumed.
@@ -1073,6 +1080,12 @@ impl Protection {
             .fold((0, 0), |(c, f), b| (c + b.calls, f + b.failures))
     }
 
+    /// Whether the endpoint is failing now, for the retry budget: its breaker is not
+    /// closed, or a failure is in its window.
+    fn failing_at(&self, now: u64) -> bool {
+        self.state != BreakerState::Closed || self.window_counts_at(now).1 > 0
+    }
+
     fn budget_bucket(&mut self, sec: u64) -> &mut BudgetCounts {
         if self.budget.back().is_none_or(|b| b.sec != sec) {
             self.budget.push_back(BudgetCounts {
@@ -1130,7 +1143,7 @@ impl Protection {
                 reason: WaitReason::Concurrency,
             });
         }
-        if is_retry && self.config.retry_budget > 0.0 {
+        if is_retry && self.config.retry_budget > 0.0 && self.failing_at(now) {
             let (first, retries) = self.budget_counts_at(now);
             if self.budget_available(first, retries) == 0 {
                 return Err(Wait {
@@ -1726,7 +1739,9 @@ mod tests {
             0,
         );
         assert_eq!(p.snapshot(0).budget_available, 10, "the floor");
-        calls(&mut p, 0, 100, Outcome::Success);
+        calls(&mut p, 0, 99, Outcome::Success);
+        // One failure: the endpoint is failing, the budget applies (the breaker stays closed).
+        calls(&mut p, 0, 1, Outcome::Failure);
         assert_eq!(p.snapshot(0).budget_available, 20);
         for i in 0..20 {
             p.try_acquire(500, true)
@@ -1760,6 +1775,39 @@ mod tests {
         // Ten seconds later the window has rolled over: the floor again.
         assert_eq!(p.snapshot(10_000).budget_available, 10);
         assert_eq!(p.try_acquire(10_000, true), Ok(()));
+    }
+
+    #[test]
+    fn retries_to_an_endpoint_that_fails_nothing_are_not_refused_until_a_failure() {
+        let mut p = Protection::new(
+            ProtectionConfig {
+                retry_budget: 0.1,
+                ..config()
+            },
+            0,
+        );
+        // No first attempts at all (they stopped), a backlog of retries, every call
+        // succeeding: far past the floor of 10, nothing refused.
+        for i in 0..200 {
+            p.try_acquire(1_000, true)
+                .unwrap_or_else(|w| panic!("retry {i}: {w:?}"));
+            p.record(1_000, Outcome::Success);
+        }
+        assert_eq!(
+            p.snapshot(1_000).budget_retries,
+            200,
+            "counted all the same"
+        );
+        // A failure: the budget is back at once (200 retries ≥ 0 + 10).
+        p.try_acquire(1_000, true).unwrap();
+        p.record(1_000, Outcome::Failure);
+        assert_eq!(p.try_acquire(1_000, true), wait(2_000, WaitReason::Budget));
+        assert_eq!(p.try_acquire(1_000, false), Ok(()), "never a first attempt");
+        p.record(1_000, Outcome::Success);
+        // The failure leaves the breaker's 5 s window, the retries the budget's 10 s one:
+        // at 6 s the endpoint fails nothing again, though the budget would still refuse.
+        assert_eq!(p.snapshot(6_000).budget_available, 0);
+        assert_eq!(p.try_acquire(6_000, true), Ok(()));
     }
 
     #[test]
