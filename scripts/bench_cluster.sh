@@ -47,7 +47,7 @@ cleanup_nodes() {
   rm -rf "$WORK"
 }
 trap cleanup_nodes EXIT
-pg() { psql "$PG_URL" -XAtqc "$1"; }
+pg() { PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL" -XAtqc "$1"; }
 TCK=$(getconf CLK_TCK)
 
 # CPU seconds (user + system) a process used so far.

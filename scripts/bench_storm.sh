@@ -16,6 +16,9 @@
 #   OUTAGE=45s REFUSED=15s RATE=150 ARRIVALS=150s scripts/bench_storm.sh   # a shape of your own
 #   NODES=3 CASES=30 scripts/bench_storm.sh      # on a cluster of 3 nodes on PostgreSQL
 #
+# LOGS=DIR keeps each case's server logs in DIR/<outage>-<rate>/.
+# STORE=postgres runs one node on PostgreSQL (a fresh schema per case) instead of the
+# embedded store.
 # NODES (default 1): with more than one, the cases run on that many nodes of one cluster on
 # PostgreSQL (PG_URL, default postgres://root@127.0.0.1:5432/test; a fresh schema per case,
 # dropped after), nodes on $PORT … $PORT+NODES-1: every node pushes, each within its share of
@@ -76,27 +79,33 @@ run_case() {
   shift 4
   echo
   echo "== outage $outage ($refused refused), $rate msg/s for $arrivals =="
-  if [ "$NODES" -gt 1 ]; then
+  if [ "$NODES" -gt 1 ] || [ "${STORE:-}" = postgres ]; then
     local schema="redrive_storm_bench_${outage%s}_$rate"
-    psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+    PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
     EXTRA_NODES=$((NODES - 1)) start "$WORK/data-$outage-$rate" "$PG_URL" "$schema"
   else
     start "$WORK/data-$outage-$rate"
   fi
-  "$BENCH" --server "$SERVER" --workload storm --storm-on "$ON" --storm-off "$OFF" \
+  local also=()
+  for i in $(seq 1 $((NODES - 1))); do also+=(--also-server "http://127.0.0.1:$((PORT + i))"); done
+  "$BENCH" --server "$SERVER" "${also[@]}" --workload storm --storm-on "$ON" --storm-off "$OFF" \
     --storm-rate "$rate" --storm-capacity "$CAPACITY" --storm-before "$BEFORE" \
     --storm-outage "$outage" --storm-refused "$refused" --storm-arrivals "$arrivals" \
     --timeout 20m "$@"
   stop
-  if [ "$NODES" -gt 1 ]; then
-    psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
+  if [ -n "${LOGS:-}" ]; then
+    mkdir -p "$LOGS/$outage-$rate"
+    cp "$WORK"/*.log "$LOGS/$outage-$rate/"
+  fi
+  if [ "$NODES" -gt 1 ] || [ "${STORE:-}" = postgres ]; then
+    PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL" -XAtqc "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
   fi
 }
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (+ uncommitted changes)')"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-if [ "$NODES" -gt 1 ]; then echo "nodes: $NODES on $PG_URL"; else echo "nodes: 1, embedded store"; fi
+if [ "$NODES" -gt 1 ] || [ "${STORE:-}" = postgres ]; then echo "nodes: $NODES on $PG_URL"; else echo "nodes: 1, embedded store"; fi
 if [ -n "${OUTAGE:-}" ]; then
   run_case "${RATE:-200}" "${ARRIVALS:-300s}" "$OUTAGE" "${REFUSED:-0s}" "$@"
 else

@@ -586,6 +586,12 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
                 on: args.storm_on,
                 off: args.storm_off,
                 drain_timeout: Duration::from_millis(args.timeout.ms()),
+                other_nodes: args
+                    .also_server
+                    .iter()
+                    .map(|u| Client::new(u.as_str()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("--also-server: {e}"))?,
             };
             return storm::run(ctx, shape, args.json).await;
         }

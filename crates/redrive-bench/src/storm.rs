@@ -65,6 +65,9 @@ pub struct Shape {
     pub off: SocketAddr,
     /// Longest wait for the queues to drain after the arrivals.
     pub drain_timeout: Duration,
+    /// The cluster's other nodes (`--also-server`): every node pushes, so the attempts are
+    /// summed over all of them.
+    pub other_nodes: Vec<redrive_client::Client>,
 }
 
 const UP: u8 = 0;
@@ -290,7 +293,7 @@ pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<
         downs.push(tx);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let attempts_start = attempts(&ctx, &addrs).await?;
+    let attempts_start = attempts(&ctx, &shape.other_nodes, &addrs).await?;
     // Publishers: one per queue, `rate` messages/s, ids and publish times recorded.
     let published: [PublishLog; 2] = Default::default();
     let mut publishers = Vec::new();
@@ -328,7 +331,7 @@ pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<
     let outage_start = shape.before;
     let outage_end = shape.before + shape.outage;
     tokio::time::sleep_until((t0 + outage_start).into()).await;
-    let attempts_outage_start = attempts(&ctx, &addrs).await?;
+    let attempts_outage_start = attempts(&ctx, &shape.other_nodes, &addrs).await?;
     eprintln!(
         "storm: endpoints down (connections refused for {})",
         format_duration_ms(shape.refused.as_millis() as u64)
@@ -347,7 +350,7 @@ pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<
         ups.push(tx);
     }
     tokio::time::sleep_until((t0 + outage_end).into()).await;
-    let attempts_outage_end = attempts(&ctx, &addrs).await?;
+    let attempts_outage_end = attempts(&ctx, &shape.other_nodes, &addrs).await?;
     eprintln!("storm: endpoints recovered");
     for m in &mocks {
         m.phase.store(UP, Ordering::SeqCst);
@@ -376,7 +379,7 @@ pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let attempts_end = attempts(&ctx, &addrs).await?;
+    let attempts_end = attempts(&ctx, &shape.other_nodes, &addrs).await?;
     let mut figures = Vec::new();
     for i in 0..2 {
         let v: Value = serde_json::from_slice(
@@ -425,21 +428,27 @@ pub async fn run(ctx: Arc<Ctx>, shape: Shape, json_out: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// `redrive_push_attempts_total` of each endpoint (every result).
-async fn attempts(ctx: &Ctx, addrs: &[SocketAddr; 2]) -> anyhow::Result<[f64; 2]> {
-    let text = ctx
-        .api
-        .metrics_text()
-        .await
-        .map_err(|e| anyhow::anyhow!("GET /metrics: {e}"))?;
+/// `redrive_push_attempts_total` of each endpoint (every result), summed over the server
+/// and `others` (the other nodes of its cluster).
+async fn attempts(
+    ctx: &Ctx,
+    others: &[redrive_client::Client],
+    addrs: &[SocketAddr; 2],
+) -> anyhow::Result<[f64; 2]> {
     let mut out = [0.0; 2];
-    for (i, addr) in addrs.iter().enumerate() {
-        let label = format!("endpoint=\"http://{addr}\"");
-        out[i] = text
-            .lines()
-            .filter(|l| l.starts_with("redrive_push_attempts_total{") && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+    for api in std::iter::once(&ctx.api).chain(others) {
+        let text = api
+            .metrics_text()
+            .await
+            .map_err(|e| anyhow::anyhow!("GET /metrics: {e}"))?;
+        for (i, addr) in addrs.iter().enumerate() {
+            let label = format!("endpoint=\"http://{addr}\"");
+            out[i] += text
+                .lines()
+                .filter(|l| l.starts_with("redrive_push_attempts_total{") && l.contains(&label))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+        }
     }
     Ok(out)
 }
