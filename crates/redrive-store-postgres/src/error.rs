@@ -65,12 +65,17 @@ impl E {
         matches!(self, E::Db(StoreError::Unavailable(_)))
     }
 
-    /// The error to answer with (a retry that was given up on is a backend error).
+    /// The error to answer with. A transaction that kept conflicting (deadlocks,
+    /// serialization failures, racing idempotency keys, [`crate::MAX_RETRIES`] times in a
+    /// row) is [`StoreError::Unavailable`]: contention, which passes, so the caller is told
+    /// to try again (503), not that the server is broken (500). Logged, since it says the
+    /// database is very contended.
     pub fn into_store(self) -> StoreError {
         match self {
             E::Logic(e) | E::Db(e) => e,
             E::Retry(why) => {
-                StoreError::Backend(format!("transaction kept conflicting, gave up: {why}"))
+                tracing::warn!(%why, "a PostgreSQL transaction kept conflicting; gave up (answered as unavailable)");
+                StoreError::Unavailable(format!("transaction kept conflicting, gave up: {why}"))
             }
         }
     }
