@@ -457,6 +457,21 @@ impl Cluster {
         out
     }
 
+    /// How many times a node's store gave up on a transaction that kept conflicting
+    /// (answered 503): not a violation, but a sign of contention worth seeing.
+    fn conflict_give_ups(&self) -> usize {
+        self.dirs
+            .iter()
+            .map(|dir| {
+                std::fs::read_to_string(dir.path().join("node.log"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("kept conflicting"))
+                    .count()
+            })
+            .sum()
+    }
+
     fn pid(&self, i: usize) -> u32 {
         self.nodes[i].as_ref().expect("node running").child.id()
     }
@@ -993,7 +1008,11 @@ async fn three_nodes_under_faults_lose_nothing() {
         println!("  unexpected answer: {u}");
     }
     let errors = cluster.error_lines();
-    println!("  node log lines no fault explains: {}", errors.len());
+    println!(
+        "  node log lines no fault explains: {}; transactions given up after conflicts (503): {}",
+        errors.len(),
+        cluster.conflict_give_ups()
+    );
     for e in errors.iter().take(20) {
         println!("  node log: {e}");
     }

@@ -836,23 +836,15 @@ async fn a_message_that_arrives_counted_keeps_its_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_copy_comes_again() {
     let Some(conn) = rabbit().await else { return };
-    let admin = conn.create_channel().await.unwrap();
-    let t = Topology::declare(&admin).await;
-    let clock = Arc::new(redrive_server::engine::ManualClock::new(
-        redrive_core::Timestamp::now(),
-    ));
-    let (s, store) =
-        TestServer::start_with_faulty_store(&t.config("", RETRY_4_FAST), clock.clone()).await;
-    connected(&s).await;
+    let FaultyBridge {
+        admin,
+        t,
+        clock,
+        s,
+        store,
+        seen,
+    } = FaultyBridge::start(&conn).await;
     let mut signals = s.engine.signals().subscribe();
-    // Rejects the first delivery, acks every copy.
-    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
-    tokio::spawn(recorder(
-        conn.create_channel().await.unwrap(),
-        t.work_q.clone(),
-        Some(1),
-        seen.clone(),
-    ));
     store.fail_acks(1);
     let publisher = conn.create_channel().await.unwrap();
     let props = BasicProperties::default().with_message_id(ShortString::from("m-1"));
@@ -914,12 +906,7 @@ async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_cop
     let b = &b["bridges"][0];
     assert_eq!(b["connects"], 1, "{b}");
     assert_eq!(b["republished"], 2, "{b}");
-    let metrics = s.get_text("/metrics").await.1;
-    let line = format!(
-        "redrive_consume_store_faults_total{{queue=\"{}\",operation=\"ack\"}} 1",
-        t.queue
-    );
-    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    store_faults_counted(&s, &t.queue, "ack").await;
     s.stop().await;
     t.delete(&admin).await;
 }
@@ -930,21 +917,9 @@ async fn a_store_fault_while_acking_a_republish_keeps_the_connection_and_the_cop
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_fault_while_storing_an_intake_delivery_keeps_the_connection_and_stores_it_once() {
     let Some(conn) = rabbit().await else { return };
-    let admin = conn.create_channel().await.unwrap();
-    let t = Topology::declare(&admin).await;
-    let clock = Arc::new(redrive_server::engine::ManualClock::new(
-        redrive_core::Timestamp::now(),
-    ));
-    let (s, store) = TestServer::start_with_faulty_store(&t.config("", RETRY_4_FAST), clock).await;
-    connected(&s).await;
-    // Rejects the first delivery (RabbitMQ dead-letters it to the intake), acks the copy.
-    let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
-    tokio::spawn(recorder(
-        conn.create_channel().await.unwrap(),
-        t.work_q.clone(),
-        Some(1),
-        seen.clone(),
-    ));
+    let FaultyBridge {
+        admin, t, s, store, ..
+    } = FaultyBridge::start(&conn).await;
     store.fail_publishes(1);
     let publisher = conn.create_channel().await.unwrap();
     let props = BasicProperties::default().with_message_id(ShortString::from("m-1"));
@@ -961,14 +936,58 @@ async fn a_store_fault_while_storing_an_intake_delivery_keeps_the_connection_and
         "a store fault reconnected the broker: {b}"
     );
     assert_eq!(b["duplicates"], 0, "{b}");
-    let metrics = s.get_text("/metrics").await.1;
-    let line = format!(
-        "redrive_consume_store_faults_total{{queue=\"{}\",operation=\"intake\"}} 1",
-        t.queue
-    );
-    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    store_faults_counted(&s, &t.queue, "intake").await;
     s.stop().await;
     t.delete(&admin).await;
+}
+
+/// A bridge on a store that fails on demand, on an injected clock, connected; with a
+/// work-queue consumer that rejects each message's first delivery (RabbitMQ dead-letters it
+/// to the intake) and acks its copies, recording what it got.
+struct FaultyBridge {
+    admin: Channel,
+    t: Topology,
+    clock: Arc<redrive_server::engine::ManualClock>,
+    s: TestServer,
+    store: Arc<redrive_server::testing::FaultyStore>,
+    seen: Arc<Mutex<HashMap<String, Vec<Raw>>>>,
+}
+
+impl FaultyBridge {
+    async fn start(conn: &Connection) -> Self {
+        let admin = conn.create_channel().await.unwrap();
+        let t = Topology::declare(&admin).await;
+        let clock = Arc::new(redrive_server::engine::ManualClock::new(
+            redrive_core::Timestamp::now(),
+        ));
+        let (s, store) =
+            TestServer::start_with_faulty_store(&t.config("", RETRY_4_FAST), clock.clone()).await;
+        connected(&s).await;
+        let seen: Arc<Mutex<HashMap<String, Vec<Raw>>>> = Arc::default();
+        tokio::spawn(recorder(
+            conn.create_channel().await.unwrap(),
+            t.work_q.clone(),
+            Some(1),
+            seen.clone(),
+        ));
+        Self {
+            admin,
+            t,
+            clock,
+            s,
+            store,
+            seen,
+        }
+    }
+}
+
+/// The server counted one store fault of `operation` on `queue`'s consumer.
+async fn store_faults_counted(s: &TestServer, queue: &str, operation: &str) {
+    let metrics = s.get_text("/metrics").await.1;
+    let line = format!(
+        "redrive_consume_store_faults_total{{queue=\"{queue}\",operation=\"{operation}\"}} 1"
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
 }
 
 // ---- issue 15: intake deduplication, size limits, readable and exact messages ----
