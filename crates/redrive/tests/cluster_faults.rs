@@ -440,36 +440,23 @@ impl Cluster {
         self.nodes[i] = Some(node);
     }
 
-    /// The lines of every node's log that no fault explains, each prefixed with its node:
-    /// a store error answered 500 (`storage backend error`), a panic (of a request or of a
-    /// background service). Errors a fault causes (a failed tick while PostgreSQL is down)
-    /// are not among them.
-    fn error_lines(&self) -> Vec<String> {
-        let mut out = Vec::new();
+    /// What every node's log says, read once: the lines no fault explains, each prefixed
+    /// with its node (a store error answered 500, `storage backend error`; a panic, of a
+    /// request or of a background service; errors a fault causes, such as a failed tick
+    /// while PostgreSQL is down, are not among them), and how many transactions the store
+    /// gave up after conflicts (answered 503: not a violation, a sign of contention).
+    fn read_logs(&self) -> (Vec<String>, usize) {
+        let (mut unexplained, mut give_ups) = (Vec::new(), 0);
         for (i, dir) in self.dirs.iter().enumerate() {
             let text = std::fs::read_to_string(dir.path().join("node.log")).unwrap_or_default();
-            out.extend(
-                text.lines()
-                    .filter(|l| l.contains("storage backend error") || l.contains("panicked"))
-                    .map(|l| format!("n{i}: {l}")),
-            );
+            for l in text.lines() {
+                if l.contains("storage backend error") || l.contains("panicked") {
+                    unexplained.push(format!("n{i}: {l}"));
+                }
+                give_ups += usize::from(l.contains("kept conflicting"));
+            }
         }
-        out
-    }
-
-    /// How many times a node's store gave up on a transaction that kept conflicting
-    /// (answered 503): not a violation, but a sign of contention worth seeing.
-    fn conflict_give_ups(&self) -> usize {
-        self.dirs
-            .iter()
-            .map(|dir| {
-                std::fs::read_to_string(dir.path().join("node.log"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.contains("kept conflicting"))
-                    .count()
-            })
-            .sum()
+        (unexplained, give_ups)
     }
 
     fn pid(&self, i: usize) -> u32 {
@@ -1007,11 +994,11 @@ async fn three_nodes_under_faults_lose_nothing() {
     for u in h.unexpected.iter().take(20) {
         println!("  unexpected answer: {u}");
     }
-    let errors = cluster.error_lines();
+    let (errors, give_ups) = cluster.read_logs();
     println!(
         "  node log lines no fault explains: {}; transactions given up after conflicts (503): {}",
         errors.len(),
-        cluster.conflict_give_ups()
+        give_ups
     );
     for e in errors.iter().take(20) {
         println!("  node log: {e}");
