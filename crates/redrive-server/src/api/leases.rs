@@ -341,7 +341,12 @@ pub async fn release(
         Some(d) => duration_field("delay", d, Ranges::of(&s.config).ahead)?,
         None => 0,
     };
-    let until = s.engine.clock().now().plus_ms(delay_ms);
+    // No delay is "ready at once" by the store's clock: an `until` read off this node's
+    // clock could be a millisecond ahead of the database's and leave it `scheduled`.
+    let until = match delay_ms {
+        0 => Timestamp::from_millis(0),
+        ms => s.engine.clock().now().plus_ms(ms),
+    };
     let out = s
         .engine
         .release(vec![Release {

@@ -376,7 +376,7 @@ pub async fn transition(
                 reason,
                 audit: Some(audit),
             },
-            Some(s.engine.clock().now()),
+            s.engine.clock().for_store(),
         )
         .await?;
     if to == TaskState::Running {

@@ -188,7 +188,8 @@ fn parse_item(
         }
         (Some(d), None) => {
             let ms = duration_field(&field("delay"), d, Ranges::of(&s.config).ahead)?;
-            Some(now.plus_ms(ms))
+            // A zero delay is due now by the store's clock (see `release`).
+            (ms > 0).then(|| now.plus_ms(ms))
         }
         (None, Some(t)) => {
             let at = timestamp_field(&field("deliver_at"), t)?;
