@@ -2,11 +2,18 @@
 //! commit.
 //!
 //! A store with group commit runs one batcher task. Each of those calls becomes a [`Job`]
-//! sent to it; the batcher takes every job queued (at most [`MAX_BATCH_JOBS`]), runs each
-//! inside a savepoint of one transaction, commits once, and only then answers each job,
-//! so a 2xx still means committed. There is no artificial wait: jobs that arrive while a
-//! batch commits form the next batch (the SQLite writer's shape), so a lone call costs
-//! one commit as before, and `n` concurrent calls cost about one.
+//! sent to it; the batcher takes every job queued (at most [`MAX_BATCH_JOBS`]), runs them
+//! in one transaction, commits once, and only then answers each job, so a 2xx still means
+//! committed. There is no artificial wait: jobs that arrive while a batch commits form the
+//! next batch (the SQLite writer's shape), so a lone call costs one commit as before, and
+//! `n` concurrent calls cost about one.
+//!
+//! Jobs of one kind (publishes, acks or nacks, with the same `now`) are merged: their items
+//! run as one set-based call inside one savepoint, so 100 single acks (each push call
+//! settles alone) cost the statements of one ack of 100 and not 500 round trips in a row,
+//! which on a loaded node made a settle wait longer than its lease. If the merged call
+//! fails, it is rolled back to its savepoint and its jobs run one by one, each in a
+//! savepoint of its own, so one job's error is still its own.
 //!
 //! A job that fails is rolled back to its savepoint and answered with its error, and the
 //! batch goes on; a job that conflicts (deadlock, serialization failure, a racing
@@ -70,6 +77,107 @@ pub async fn run_work(
             Done::Nack(transitions::nack_many(inner, tx, cx, items, now).await?)
         }
     })
+}
+
+impl Work {
+    /// Whether `self` and `other` can run as one call: one kind, one `now`.
+    fn merges_with(&self, other: &Work) -> bool {
+        match (self, other) {
+            (Work::Publish(_, a), Work::Publish(_, b))
+            | (Work::Ack(_, a), Work::Ack(_, b))
+            | (Work::Nack(_, a), Work::Nack(_, b)) => a == b,
+            _ => false,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Work::Publish(v, _) => v.len(),
+            Work::Ack(v, _) => v.len(),
+            Work::Nack(v, _) => v.len(),
+        }
+    }
+
+    /// Move `other`'s items to the end of `self`'s (of the same kind).
+    fn append(&mut self, other: &mut Work) {
+        match (self, other) {
+            (Work::Publish(a, _), Work::Publish(b, _)) => a.append(b),
+            (Work::Ack(a, _), Work::Ack(b, _)) => a.append(b),
+            (Work::Nack(a, _), Work::Nack(b, _)) => a.append(b),
+            _ => unreachable!("only work of one kind is merged"),
+        }
+    }
+
+    /// Split off the last `n` items into a work of the same kind.
+    fn split_off_last(&mut self, n: usize) -> Work {
+        match self {
+            Work::Publish(v, now) => Work::Publish(v.split_off(v.len() - n), *now),
+            Work::Ack(v, now) => Work::Ack(v.split_off(v.len() - n), *now),
+            Work::Nack(v, now) => Work::Nack(v.split_off(v.len() - n), *now),
+        }
+    }
+}
+
+impl Done {
+    /// Split off the answers of the last `n` items.
+    fn split_off_last(&mut self, n: usize) -> Done {
+        match self {
+            Done::Publish(v) => Done::Publish(v.split_off(v.len() - n)),
+            Done::Ack(v) => Done::Ack(v.split_off(v.len() - n)),
+            Done::Nack(v) => Done::Nack(v.split_off(v.len() - n)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Done::Publish(v) => v.len(),
+            Done::Ack(v) => v.len(),
+            Done::Nack(v) => v.len(),
+        }
+    }
+}
+
+/// Run the work of `jobs` (two or more, of one kind) as one call; one answer per job. The
+/// jobs get their items back whatever the outcome (a job may run again).
+async fn run_merged(
+    inner: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    jobs: &mut [Job],
+) -> Result<Vec<Done>, E> {
+    let lens: Vec<usize> = jobs.iter().map(|j| j.work.len()).collect();
+    let (first, rest) = jobs.split_first_mut().expect("two or more jobs");
+    let mut all = first.work.split_off_last(first.work.len());
+    for j in rest.iter_mut() {
+        all.append(&mut j.work);
+    }
+    let r = run_work(inner, tx, cx, &all).await;
+    // Hand the items back, last job first.
+    for (j, &n) in jobs.iter_mut().zip(&lens).rev() {
+        j.work = all.split_off_last(n);
+    }
+    let mut done = r?;
+    if done.len() != lens.iter().sum::<usize>() {
+        return Err(E::Logic(StoreError::Backend(
+            "a merged call answered a different number of items".into(),
+        )));
+    }
+    let mut out: Vec<Done> = lens.iter().rev().map(|&n| done.split_off_last(n)).collect();
+    out.reverse();
+    Ok(out)
+}
+
+/// The jobs of a batch in groups that may run as one call: each job joins the first
+/// group it merges with, so the groups keep the order of their first jobs.
+fn groups(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut out: Vec<Vec<Job>> = Vec::new();
+    for job in batch {
+        match out.iter_mut().find(|g| g[0].work.merges_with(&job.work)) {
+            Some(g) => g.push(job),
+            None => out.push(vec![job]),
+        }
+    }
+    out
 }
 
 /// A call waiting for its batch's commit.
@@ -191,6 +299,19 @@ fn fail(job: Job, e: E, again: &mut Vec<Job>) {
     }
 }
 
+/// Open the savepoint `job` for the next piece of a batch (releasing the last one in the
+/// same round trip).
+async fn savepoint(tx: &Transaction<'_>, open: &mut bool) -> Result<(), E> {
+    if *open {
+        tx.batch_execute("RELEASE SAVEPOINT job; SAVEPOINT job")
+            .await?;
+    } else {
+        tx.batch_execute("SAVEPOINT job").await?;
+        *open = true;
+    }
+    Ok(())
+}
+
 /// Run one batch in one transaction; the jobs to run again.
 async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
     let mut again = Vec::new();
@@ -221,32 +342,51 @@ async fn run_batch(inner: &Inner, batch: Vec<Job>) -> Vec<Job> {
     // Whether the savepoint `job` is open: the next job releases it and opens its own in
     // one round trip, and the commit releases the last.
     let mut open = false;
-    for job in batch {
+    let mut singles: Vec<Job> = Vec::new();
+    for mut group in groups(batch) {
+        if group.len() > 1 && broken.is_none() {
+            let mut jcx = Ctx::default();
+            let r = async {
+                savepoint(&tx, &mut open).await?;
+                run_merged(inner, &tx, &mut jcx, &mut group).await
+            }
+            .await;
+            match r {
+                Ok(answers) => {
+                    ctx.absorb(jcx);
+                    done.extend(group.into_iter().zip(answers));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        ?e,
+                        jobs = group.len(),
+                        "a merged call failed; its jobs one by one"
+                    );
+                    if let Err(rb) = tx.batch_execute("ROLLBACK TO SAVEPOINT job").await {
+                        broken = Some(crate::error::store_error(&rb));
+                    }
+                }
+            }
+        }
+        singles.extend(group);
+    }
+    for job in singles {
         if let Some(e) = &broken {
             fail(job, E::Db(e.clone()), &mut again);
             continue;
         }
         let mut jcx = Ctx::default();
         let r = async {
-            if open {
-                tx.batch_execute("RELEASE SAVEPOINT job; SAVEPOINT job")
-                    .await?;
-            } else if !alone {
-                tx.batch_execute("SAVEPOINT job").await?;
-                open = true;
+            if !alone {
+                savepoint(&tx, &mut open).await?;
             }
             run_work(inner, &tx, &mut jcx, &job.work).await
         }
         .await;
         match r {
             Ok(d) => {
-                ctx.changes += jcx.changes;
-                if let Some(w) = jcx.wake {
-                    ctx.wake_at(w);
-                }
-                for (q, n) in &jcx.ready {
-                    ctx.made_ready(q, *n);
-                }
+                ctx.absorb(jcx);
                 done.push((job, d));
             }
             Err(e) if alone => {

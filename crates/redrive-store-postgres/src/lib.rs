@@ -208,6 +208,17 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Take in what a piece of a transaction did (a job of a batch).
+    pub fn absorb(&mut self, other: Ctx) {
+        self.changes += other.changes;
+        if let Some(w) = other.wake {
+            self.wake_at(w);
+        }
+        for (q, n) in &other.ready {
+            self.made_ready(q, *n);
+        }
+    }
+
     pub fn wake_at(&mut self, at: i64) {
         self.wake = Some(self.wake.map_or(at, |w| w.min(at)));
     }

@@ -1004,9 +1004,20 @@ async fn locked_rows(
     Ok(out)
 }
 
-/// Ack `items` set-based: one statement locks their rows, each item is checked and
-/// changed as [`ack`] does, one statement writes the rows and one their history entries.
-/// Items with wait notes take [`ack`] itself (the notes rewrite history entries).
+/// Which of `items` go set-based (the first list) and which one by one (the second): an
+/// item with wait notes goes alone (the notes rewrite its history entries), and so does
+/// everything when fewer than two would go set-based.
+fn set_based<T>(items: &[T], has_notes: impl Fn(&T) -> bool) -> (Vec<usize>, Vec<usize>) {
+    let (alone, set): (Vec<usize>, Vec<usize>) =
+        (0..items.len()).partition(|&i| has_notes(&items[i]));
+    if set.len() < 2 {
+        return (Vec::new(), (0..items.len()).collect());
+    }
+    (set, alone)
+}
+
+/// Ack `items`: set-based where it can ([`ack_set`]), one by one ([`ack`]) the items with
+/// wait notes; answers in item order.
 pub async fn ack_many(
     st: &Inner,
     tx: &Transaction<'_>,
@@ -1014,9 +1025,33 @@ pub async fn ack_many(
     items: &[Ack],
     now: Timestamp,
 ) -> Result<Vec<Result<Acked, StoreError>>, E> {
-    if items.len() < 2 || items.iter().any(|a| !a.waited.is_empty()) {
-        return per_item!(items, |a| ack(st, tx, &mut *cx, a, now).await);
+    let (set, alone) = set_based(items, |a| !a.waited.is_empty());
+    let mut out: Vec<Option<Result<Acked, StoreError>>> = (0..items.len()).map(|_| None).collect();
+    if !set.is_empty() {
+        let refs: Vec<&Ack> = set.iter().map(|&i| &items[i]).collect();
+        for (&i, r) in set.iter().zip(ack_set(st, tx, cx, &refs, now).await?) {
+            out[i] = Some(r);
+        }
     }
+    for i in alone {
+        out[i] = Some(match ack(st, tx, &mut *cx, &items[i], now).await {
+            Ok(v) => Ok(v),
+            Err(E::Logic(e)) => Err(e),
+            Err(e) => return Err(e),
+        });
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// Ack `items` set-based: one statement locks their rows, each item is checked and
+/// changed as [`ack`] does, one statement writes the rows and one their history entries.
+async fn ack_set(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[&Ack],
+    now: Timestamp,
+) -> Result<Vec<Result<Acked, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|a| a.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
     let mut out = Vec::with_capacity(items.len());
@@ -1067,8 +1102,8 @@ pub async fn ack_many(
     Ok(out)
 }
 
-/// Nack `items` set-based, as [`ack_many`]: each item is checked and failed through
-/// [`rules::fail`] as [`nack`] does. Items with wait notes take [`nack`] itself.
+/// Nack `items` as [`ack_many`] acks them: set-based where it can ([`nack_set`]), one by
+/// one ([`nack`]) the items with wait notes; answers in item order.
 pub async fn nack_many(
     st: &Inner,
     tx: &Transaction<'_>,
@@ -1076,9 +1111,34 @@ pub async fn nack_many(
     items: &[Nack],
     now: Timestamp,
 ) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
-    if items.len() < 2 || items.iter().any(|n| !n.waited.is_empty()) {
-        return per_item!(items, |n| nack(st, tx, &mut *cx, n, now).await);
+    let (set, alone) = set_based(items, |n| !n.waited.is_empty());
+    let mut out: Vec<Option<Result<FailureOutcome, StoreError>>> =
+        (0..items.len()).map(|_| None).collect();
+    if !set.is_empty() {
+        let refs: Vec<&Nack> = set.iter().map(|&i| &items[i]).collect();
+        for (&i, r) in set.iter().zip(nack_set(st, tx, cx, &refs, now).await?) {
+            out[i] = Some(r);
+        }
     }
+    for i in alone {
+        out[i] = Some(match nack(st, tx, &mut *cx, &items[i], now).await {
+            Ok(v) => Ok(v),
+            Err(E::Logic(e)) => Err(e),
+            Err(e) => return Err(e),
+        });
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// Nack `items` set-based, as [`ack_set`]: each item is checked and failed through
+/// [`rules::fail`] as [`nack`] does.
+async fn nack_set(
+    st: &Inner,
+    tx: &Transaction<'_>,
+    cx: &mut Ctx,
+    items: &[&Nack],
+    now: Timestamp,
+) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|n| n.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
     let mut out = Vec::with_capacity(items.len());

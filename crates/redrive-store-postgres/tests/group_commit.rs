@@ -337,3 +337,100 @@ async fn a_publish_of_many_items_answers_as_item_by_item() {
         "publish order kept, nothing of the refused call written"
     );
 }
+
+/// Single acks and nacks sent at once (each push call settles alone) are merged into one
+/// set-based call per kind inside a batch: every call still answers as it would alone,
+/// with its wait notes written, a wrong token refused alone, and fewer commits than calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_settles_merged_in_a_batch_answer_as_alone() {
+    use redrive_core::{ErrorClass, Failure, HistoryEvent, Waited, WaitedFor};
+    use redrive_storage::{Ack, Nack};
+    let (s, _guard) = store(true).await;
+    let n = 60;
+    s.publish(
+        (0..n).map(|i| NewMessage::new(Q, json!(i))).collect(),
+        Some(at(0)),
+    )
+    .await
+    .expect("publish");
+    let leased = s
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: n as u32,
+                lease_ms: 60_000,
+                max_bytes: None,
+            },
+            Some(at(1)),
+        )
+        .await
+        .expect("lease");
+    let commits_before = s.commit_stats().commits;
+    let mut handles = Vec::new();
+    for (i, l) in leased.into_iter().enumerate() {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let token = if i % 5 == 4 {
+                "1-wrong".to_owned()
+            } else {
+                l.token.clone()
+            };
+            let lease = LeaseRef {
+                id: l.message.id,
+                token,
+            };
+            let waited = if i % 3 == 0 {
+                vec![Waited {
+                    waited_for: WaitedFor::Breaker,
+                    since: at(1),
+                    parked: false,
+                }]
+            } else {
+                Vec::new()
+            };
+            let r = if i % 2 == 0 {
+                s.ack(
+                    vec![Ack {
+                        waited,
+                        ..Ack::from(lease)
+                    }],
+                    Some(at(2)),
+                )
+                .await
+                .map(|mut v| v.remove(0).map(|a| a.message.state))
+            } else {
+                s.nack(
+                    vec![Nack {
+                        lease,
+                        failure: Failure::new(ErrorClass::Transient, "x"),
+                        response: None,
+                        waited,
+                    }],
+                    Some(at(2)),
+                )
+                .await
+                .map(|mut v| v.remove(0).map(|f| f.message.state))
+            };
+            (i, l.message.id, r.expect("no store fault"))
+        }));
+    }
+    for h in handles {
+        let (i, id, r) = h.await.expect("settler");
+        match (i % 5 == 4, i % 2 == 0, r) {
+            (true, _, Err(StoreError::LeaseMismatch)) => {}
+            (false, true, Ok(State::Done)) | (false, false, Ok(State::Scheduled)) => {}
+            (_, _, other) => panic!("settle {i}: {other:?}"),
+        }
+        let m = s.get(id).await.expect("get").expect("message");
+        let notes = m
+            .history
+            .iter()
+            .filter(|h| matches!(h.event, HistoryEvent::Waited { .. }))
+            .count();
+        let expected = usize::from(i % 3 == 0 && i % 5 != 4);
+        assert_eq!(notes, expected, "wait notes of {i}: {:?}", m.history);
+    }
+    let commits = s.commit_stats().commits - commits_before;
+    eprintln!("{n} single settles at once: {commits} commits");
+    assert!(commits < n as u64, "{commits} commits for {n} settles");
+}
