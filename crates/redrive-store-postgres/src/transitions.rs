@@ -1004,16 +1004,38 @@ async fn locked_rows(
     Ok(out)
 }
 
-/// Which of `items` go set-based (the first list) and which one by one (the second): an
-/// item with wait notes goes alone (the notes rewrite its history entries), and so does
-/// everything when fewer than two would go set-based.
-fn set_based<T>(items: &[T], has_notes: impl Fn(&T) -> bool) -> (Vec<usize>, Vec<usize>) {
-    let (alone, set): (Vec<usize>, Vec<usize>) =
-        (0..items.len()).partition(|&i| has_notes(&items[i]));
-    if set.len() < 2 {
-        return (Vec::new(), (0..items.len()).collect());
-    }
-    (set, alone)
+/// Settle `$items` in item order: set-based (`$set`, given the items' references) where
+/// it can, one by one (`$alone`, given an item) an item with wait notes (the notes rewrite
+/// its history entries), and everything one by one when fewer than two would go
+/// set-based. An item's own refusal (`E::Logic`) is its answer; any other error ends the
+/// call. (A macro: generic async closures over the transaction are not `Send`.)
+macro_rules! settle_many {
+    ($items:expr, |$n:ident| $has_notes:expr, |$refs:ident| $set:expr, |$it:ident| $alone:expr) => {{
+        let items = $items;
+        let (mut one_by_one, together): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| {
+                let $n = &items[i];
+                $has_notes
+            });
+        let mut out: Vec<Option<Result<_, StoreError>>> = (0..items.len()).map(|_| None).collect();
+        if together.len() < 2 {
+            one_by_one = (0..items.len()).collect();
+        } else {
+            let $refs: Vec<&_> = together.iter().map(|&i| &items[i]).collect();
+            for (&i, r) in together.iter().zip($set.await?) {
+                out[i] = Some(r);
+            }
+        }
+        for i in one_by_one {
+            let $it = &items[i];
+            out[i] = Some(match $alone.await {
+                Ok(v) => Ok(v),
+                Err(E::Logic(e)) => Err(e),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(out.into_iter().flatten().collect())
+    }};
 }
 
 /// Ack `items`: set-based where it can ([`ack_set`]), one by one ([`ack`]) the items with
@@ -1025,22 +1047,12 @@ pub async fn ack_many(
     items: &[Ack],
     now: Timestamp,
 ) -> Result<Vec<Result<Acked, StoreError>>, E> {
-    let (set, alone) = set_based(items, |a| !a.waited.is_empty());
-    let mut out: Vec<Option<Result<Acked, StoreError>>> = (0..items.len()).map(|_| None).collect();
-    if !set.is_empty() {
-        let refs: Vec<&Ack> = set.iter().map(|&i| &items[i]).collect();
-        for (&i, r) in set.iter().zip(ack_set(st, tx, cx, &refs, now).await?) {
-            out[i] = Some(r);
-        }
-    }
-    for i in alone {
-        out[i] = Some(match ack(st, tx, &mut *cx, &items[i], now).await {
-            Ok(v) => Ok(v),
-            Err(E::Logic(e)) => Err(e),
-            Err(e) => return Err(e),
-        });
-    }
-    Ok(out.into_iter().flatten().collect())
+    settle_many!(
+        items,
+        |a| !a.waited.is_empty(),
+        |refs| ack_set(st, tx, &mut *cx, &refs, now),
+        |a| ack(st, tx, &mut *cx, a, now)
+    )
 }
 
 /// Ack `items` set-based: one statement locks their rows, each item is checked and
@@ -1111,23 +1123,12 @@ pub async fn nack_many(
     items: &[Nack],
     now: Timestamp,
 ) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
-    let (set, alone) = set_based(items, |n| !n.waited.is_empty());
-    let mut out: Vec<Option<Result<FailureOutcome, StoreError>>> =
-        (0..items.len()).map(|_| None).collect();
-    if !set.is_empty() {
-        let refs: Vec<&Nack> = set.iter().map(|&i| &items[i]).collect();
-        for (&i, r) in set.iter().zip(nack_set(st, tx, cx, &refs, now).await?) {
-            out[i] = Some(r);
-        }
-    }
-    for i in alone {
-        out[i] = Some(match nack(st, tx, &mut *cx, &items[i], now).await {
-            Ok(v) => Ok(v),
-            Err(E::Logic(e)) => Err(e),
-            Err(e) => return Err(e),
-        });
-    }
-    Ok(out.into_iter().flatten().collect())
+    settle_many!(
+        items,
+        |n| !n.waited.is_empty(),
+        |refs| nack_set(st, tx, &mut *cx, &refs, now),
+        |n| nack(st, tx, &mut *cx, n, now)
+    )
 }
 
 /// Nack `items` set-based, as [`ack_set`]: each item is checked and failed through
