@@ -476,6 +476,44 @@ impl KeyMode {
     }
 }
 
+/// The ordering mode of every queue of a catalog, as a shared store records it next to the
+/// rows it produced (PostgreSQL and MySQL: `meta.key_order_modes`, JSON), so that a changed
+/// configuration is noticed at open and the affected queues' rows rewritten.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyModes {
+    /// The mode of every queue not listed.
+    pub default: KeyMode,
+    /// The queues whose mode is not the default.
+    pub queues: std::collections::BTreeMap<String, KeyMode>,
+}
+
+impl KeyModes {
+    /// The modes of `catalog`'s queues.
+    pub fn of(catalog: &redrive_core::QueueCatalog) -> Self {
+        // The empty name is never a configured queue: it gets the default settings.
+        let default = KeyMode::of(catalog.get(""));
+        let queues = catalog
+            .configured()
+            .map(|q| (q.to_owned(), KeyMode::of(catalog.get(q))))
+            .filter(|(_, m)| *m != default)
+            .collect();
+        Self { default, queues }
+    }
+
+    /// What a store that never recorded modes wrote its rows under: every queue unordered.
+    pub fn unordered() -> Self {
+        Self {
+            default: KeyMode::Unordered,
+            queues: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// The mode of `queue`.
+    pub fn get(&self, queue: &str) -> KeyMode {
+        self.queues.get(queue).copied().unwrap_or(self.default)
+    }
+}
+
 /// Which message of one key may be leased now, given the key's messages as (publish
 /// order, state), in any order: under per-key ordering, the oldest message taking part in
 /// the key's order, when it is ready and no message of the key is leased. `None` when

@@ -29,10 +29,8 @@ use crate::sql::{execute, query, query_one, query_opt};
 use crate::Inner;
 use deadpool_postgres::Transaction;
 use redrive_core::{QueueCatalog, State};
-use redrive_storage::rules::KeyMode;
+use redrive_storage::rules::{KeyMode, KeyModes};
 use redrive_storage::StoreError;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// The `key_blocked` a new message is inserted with: NULL when it takes no part, waiting
 /// otherwise ([`settle`] then makes it the head if it is one).
@@ -167,31 +165,6 @@ async fn set(tx: &Transaction<'_>, seq: i64, value: Option<bool>) -> Result<(), 
     Ok(())
 }
 
-/// The ordering mode of every queue, as recorded in `meta` (`key_order_modes`) next to
-/// the rows it produced, so that a changed configuration is noticed at open.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Modes {
-    default: KeyMode,
-    queues: BTreeMap<String, KeyMode>,
-}
-
-impl Modes {
-    fn of(catalog: &QueueCatalog) -> Self {
-        // The empty name is never a configured queue: it gets the default settings.
-        let default = KeyMode::of(catalog.get(""));
-        let queues = catalog
-            .configured()
-            .map(|q| (q.to_owned(), KeyMode::of(catalog.get(q))))
-            .filter(|(_, m)| *m != default)
-            .collect();
-        Self { default, queues }
-    }
-
-    fn get(&self, queue: &str) -> KeyMode {
-        self.queues.get(queue).copied().unwrap_or(self.default)
-    }
-}
-
 /// At open: when the ordering of a queue changed since its rows were written, rewrite their
 /// `key_blocked` and `key_heads` (one pass over the queue's keyed messages), and record the
 /// modes; one transaction under the schema's migration lock. Without it, messages of a
@@ -203,7 +176,7 @@ pub async fn reconcile(
     schema: &str,
     catalog: &QueueCatalog,
 ) -> Result<(), E> {
-    let now = Modes::of(catalog);
+    let now = KeyModes::of(catalog);
     let tx = client.transaction().await?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1)",
@@ -215,10 +188,7 @@ pub async fn reconcile(
         Some(r) => serde_json::from_str(&r.try_get::<_, String>(0)?)?,
         // A new schema: every row was written unordered (NULL), which is what
         // `Unordered` writes.
-        None => Modes {
-            default: KeyMode::Unordered,
-            queues: BTreeMap::new(),
-        },
+        None => KeyModes::unordered(),
     };
     if before == now {
         tx.commit().await?;

@@ -1,0 +1,95 @@
+//! What MySQL has instead of LISTEN/NOTIFY: every store polls.
+//!
+//! Every [`crate::MysqlOptions::poll_every`] (at most 1 s) the poller of a store asks the
+//! database for the `ready` rows written since it last looked (`ready.rid`, an
+//! auto-increment, is the cursor) by *another* store (`ready.node` names the writer), and
+//! hands them to [`redrive_storage::Notifier::ready`] per queue: a publish, a retry due now,
+//! a release or a promotion on another node wakes this node's long polls within one poll.
+//! The same query is the health probe: no answer within 2 s makes [`Store::health`]
+//! `Unavailable` until one comes.
+//!
+//! A hint, never relied upon: a row whose transaction commits after a later one was seen
+//! is missed by the cursor (an auto-increment is taken at insert, not at commit), and a
+//! long poll re-checks its queue every second anyway (`Notifier::recheck`). The poller also
+//! keeps the wake hint at most 1 s ahead, so that every node ticks at least once a second:
+//! a message scheduled, or a lease taken, on another node is promoted or expired within a
+//! second of its time.
+//!
+//! [`Store::health`]: redrive_storage::Store::health
+
+use crate::error::E;
+use crate::sql::{args, col, query, query_one};
+use crate::Inner;
+use mysql_async::Params;
+use redrive_core::Timestamp;
+use redrive_storage::ReadyNotice;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The newest `ready.rid` (0 when empty): where a new store's poller starts.
+pub async fn newest_rid(c: &mut mysql_async::Conn) -> Result<i64, E> {
+    let r = query_one(c, "SELECT COALESCE(MAX(rid), 0) FROM ready", Params::Empty).await?;
+    col(&r, 0)
+}
+
+/// One poll: the notices of rows written by others after `after`, and the new cursor.
+async fn poll_once(inner: &Inner, after: i64) -> Result<(Vec<ReadyNotice>, i64), E> {
+    let mut c = inner.conn().await?;
+    let top = newest_rid(&mut c).await?;
+    if top < after {
+        // The counter went back (MariaDB restarts it at the largest row + 1): start again
+        // from what there is.
+        return Ok((Vec::new(), top));
+    }
+    if top == after {
+        return Ok((Vec::new(), after));
+    }
+    let rows = query(
+        &mut c,
+        "SELECT queue, CAST(SUM(node <> ?) AS SIGNED), MAX(rid) FROM ready WHERE rid > ? \
+         GROUP BY queue",
+        args![inner.node(), after],
+    )
+    .await?;
+    let mut notices = Vec::new();
+    let mut newest = after;
+    for r in &rows {
+        let queue: String = col(r, 0)?;
+        let others: Option<i64> = col(r, 1)?;
+        let max: i64 = col(r, 2)?;
+        newest = newest.max(max);
+        if let Some(n) = others.filter(|n| *n > 0) {
+            notices.push(ReadyNotice {
+                queue,
+                count: u32::try_from(n).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    Ok((notices, newest.max(top.min(newest))))
+}
+
+/// Poll every `every` until the task is aborted (the store closed), from cursor `rid`.
+pub async fn run(inner: Arc<Inner>, every: Duration, mut rid: i64) {
+    let mut next_due = tokio::time::Instant::now();
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= next_due {
+            inner.due_elsewhere(Timestamp::now().as_millis() + 1_000);
+            next_due = now + Duration::from_secs(1);
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(2), poll_once(&inner, rid)).await;
+        let why = match answer {
+            Ok(Ok((notices, cursor))) => {
+                rid = cursor;
+                for n in notices {
+                    let _ = inner.ready_tx.send(n);
+                }
+                None
+            }
+            Ok(Err(e)) => Some(format!("MySQL does not answer: {}", e.into_store())),
+            Err(_) => Some("MySQL did not answer within 2 s".to_owned()),
+        };
+        inner.set_unavailable(why);
+        tokio::time::sleep(every).await;
+    }
+}
