@@ -2,11 +2,13 @@
 //!
 //! Everything else in the server knows the store only as `Arc<dyn Store>`. `storage_url`
 //! absent: the embedded SQLite store in `data_dir`; `postgres://…`: PostgreSQL, its tables in
-//! schema `storage_schema` (created and migrated at open).
+//! schema `storage_schema` (created and migrated at open); `mysql://…`: MySQL or MariaDB, its
+//! tables in the database the URL names (created and migrated at open).
 
 use crate::config::StorageKind;
 use crate::{metrics::Metrics, Config, ServerError};
 use redrive_storage::{Store, StoreOptions};
+use redrive_store_mysql::{MysqlOptions, MysqlStore};
 use redrive_store_postgres::{PostgresOptions, PostgresStore, SqlPublishLimits};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use std::sync::Arc;
@@ -15,10 +17,10 @@ use std::sync::Arc;
 pub struct OpenedStore {
     /// The store.
     pub store: Arc<dyn Store>,
-    /// The backend (`sqlite`, `postgres`).
+    /// The backend (`sqlite`, `postgres`, `mysql`).
     pub backend: &'static str,
-    /// Where: the data directory, or the PostgreSQL host, database and schema (never a
-    /// password).
+    /// Where: the data directory, the PostgreSQL host, database and schema, or the MySQL
+    /// host and database (never a password).
     pub location: String,
 }
 
@@ -88,6 +90,36 @@ pub async fn open_store(
                 location,
             })
         }
+        StorageKind::Mysql(url) => {
+            let mut opts = MysqlOptions::new(url.clone());
+            opts.pool_size = config.storage_pool_size;
+            opts.store = shared(config, metrics);
+            let location = redact(&url);
+            let store = MysqlStore::open(opts)
+                .await
+                .map_err(|source| ServerError::Store {
+                    at: location.clone(),
+                    source,
+                })?;
+            if let Some(why) = store.durability_weakened() {
+                tracing::warn!(
+                    "{} is not set up for durable commits: {why}. A 2xx from redrive can then be \
+                     lost in a crash of the database's machine (SPEC §4 needs every acknowledged \
+                     write on disk). Set innodb_flush_log_at_trx_commit = 1 (and sync_binlog = 1 \
+                     where binary logs are on)",
+                    if store.server_version().contains("MariaDB") {
+                        "MariaDB"
+                    } else {
+                        "MySQL"
+                    }
+                );
+            }
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                backend: "mysql",
+                location,
+            })
+        }
     }
 }
 
@@ -120,6 +152,10 @@ mod tests {
         assert_eq!(
             redact("postgres://root@127.0.0.1/test"),
             "postgres://root@127.0.0.1/test"
+        );
+        assert_eq!(
+            redact("mysql://root:pw@127.0.0.1:3306/test"),
+            "mysql://root@127.0.0.1:3306/test"
         );
         assert_eq!(redact("host=db password=x"), "(a connection string)");
     }

@@ -112,8 +112,9 @@ pub struct ServeArgs {
     /// Data directory of the embedded store (overrides the file and REDRIVE_DATA_DIR).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// The store: postgres://user@host:port/database for PostgreSQL; absent, the embedded
-    /// store in the data directory (overrides the file and REDRIVE_STORAGE_URL).
+    /// The store: postgres://user@host:port/database for PostgreSQL,
+    /// mysql://user@host:port/database for MySQL or MariaDB; absent, the embedded store in
+    /// the data directory (overrides the file and REDRIVE_STORAGE_URL).
     #[arg(long, value_name = "URL")]
     pub storage_url: Option<String>,
 }

@@ -93,11 +93,12 @@ pub enum ConfigError {
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
-    /// Which store: absent, the embedded store in `data_dir`; `postgres://…`, PostgreSQL.
+    /// Which store: absent, the embedded store in `data_dir`; `postgres://…`, PostgreSQL;
+    /// `mysql://…`, MySQL or MariaDB.
     pub storage_url: Option<String>,
     /// PostgreSQL: the schema holding redrive's tables.
     pub storage_schema: String,
-    /// PostgreSQL: connections in the pool.
+    /// PostgreSQL, MySQL: connections in the pool.
     pub storage_pool_size: usize,
     /// PostgreSQL: LISTEN/NOTIFY between the nodes (off behind a pooler in transaction mode).
     pub storage_notify: bool,

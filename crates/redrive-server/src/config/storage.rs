@@ -1,6 +1,6 @@
 //! The storage section: which store, and what it is opened with. `storage_url` (absent: the
-//! embedded store; `postgres://…`: PostgreSQL), `storage_schema`, `storage_pool_size` and
-//! `storage_notify` (PostgreSQL), `data_dir`, `durability` and `max_wal_bytes` (the embedded store) and
+//! embedded store; `postgres://…`: PostgreSQL; `mysql://…`: MySQL or MariaDB),
+//! `storage_schema` and `storage_notify` (PostgreSQL), `storage_pool_size` (both), `data_dir`, `durability` and `max_wal_bytes` (the embedded store) and
 //! `idempotency_window` are top-level keys of [`Config`]; with the queue catalog
 //! (`Config::catalog`) they make the store's options in `crate::storage::open_store`. What the
 //! store's own crate decides for them (the `max_wal_bytes` default and floor, the
@@ -44,13 +44,22 @@ pub enum StorageKind {
     Embedded,
     /// PostgreSQL at this URL.
     Postgres(String),
+    /// MySQL or MariaDB at this URL (redrive's tables in the database it names).
+    Mysql(String),
 }
 
 impl Config {
     /// The store `storage_url` names (checked by `check_storage`).
     pub fn storage_kind(&self) -> StorageKind {
         match &self.storage_url {
-            Some(url) if !url.trim().is_empty() => StorageKind::Postgres(url.trim().to_owned()),
+            Some(url) if !url.trim().is_empty() => {
+                let url = url.trim().to_owned();
+                if url.starts_with("mysql://") {
+                    StorageKind::Mysql(url)
+                } else {
+                    StorageKind::Postgres(url)
+                }
+            }
             _ => StorageKind::Embedded,
         }
     }
@@ -62,16 +71,24 @@ impl Config {
             match scheme {
                 _ if url.is_empty() => {}
                 Some("postgres" | "postgresql") => {}
-                Some("mysql" | "mariadb") => {
+                Some("mysql") => {
+                    if !mysql_names_database(url) {
+                        return Err(ConfigError::Value {
+                            key: "storage_url".into(),
+                            reason: "a mysql:// URL must name the database redrive keeps its tables in: mysql://user@host:3306/DATABASE (create it first)".into(),
+                        });
+                    }
+                }
+                Some("mariadb") => {
                     return Err(ConfigError::Value {
                         key: "storage_url".into(),
-                        reason: "MySQL and MariaDB are not supported yet: use postgres://… or leave storage_url out for the embedded store".into(),
+                        reason: "MariaDB is reached with a mysql://user@host:3306/database URL".into(),
                     })
                 }
                 _ => {
                     return Err(ConfigError::Value {
                         key: "storage_url".into(),
-                        reason: "must be a postgres://… URL (leave it out for the embedded store in data_dir)".into(),
+                        reason: "must be a postgres://… or mysql://… URL (leave it out for the embedded store in data_dir)".into(),
                     })
                 }
             }
@@ -95,5 +112,47 @@ impl Config {
             });
         }
         Ok(())
+    }
+}
+
+/// Whether a `mysql://` URL has a database path (`mysql://h:3306/db`, not `mysql://h:3306/`).
+fn mysql_names_database(url: &str) -> bool {
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    let db = path.split_once('?').map_or(path, |(d, _)| d);
+    !db.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::load;
+    use super::StorageKind;
+
+    #[test]
+    fn storage_url_names_the_backend() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.storage_kind(), StorageKind::Embedded);
+        let c = load("storage_url = \"postgres://root@127.0.0.1/test\"", &[]).unwrap();
+        assert!(matches!(c.storage_kind(), StorageKind::Postgres(_)));
+        let c = load("", &[("REDRIVE_STORAGE_URL", "mysql://root@127.0.0.1:3306/app")]).unwrap();
+        assert_eq!(
+            c.storage_kind(),
+            StorageKind::Mysql("mysql://root@127.0.0.1:3306/app".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_bad_storage_url_is_refused_naming_the_key() {
+        for (url, says) in [
+            ("mysql://root@127.0.0.1:3306/", "must name the database"),
+            ("mysql://root@127.0.0.1:3306", "must name the database"),
+            ("mariadb://root@127.0.0.1/app", "mysql://"),
+            ("redis://127.0.0.1", "postgres://… or mysql://…"),
+        ] {
+            let e = load(&format!("storage_url = {url:?}"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("storage_url") && e.contains(says), "{url}: {e}");
+        }
     }
 }

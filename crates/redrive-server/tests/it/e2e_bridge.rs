@@ -1873,7 +1873,7 @@ async fn two_nodes_running_one_bridge_store_and_republish_each_message_once() {
     let admin = conn.create_channel().await.unwrap();
     let t = Topology::declare(&admin).await;
     let config = t.config("", RETRY_4_FAST);
-    let a = TestServer::start_on_postgres(&config).await;
+    let a = TestServer::start_shared(&config).await;
     connected(&a).await;
     let b = a.start_beside(&config).await;
     connected(&b).await;
@@ -1956,7 +1956,7 @@ async fn two_nodes_running_one_redis_bridge_store_and_copy_each_entry_once() {
     let (stream, queue) = (format!("rs2.{run}"), format!("rs2q-{run}"));
     create_group(&mut r, &stream).await;
     let config = redis_config(&stream, &queue);
-    let a = TestServer::start_on_postgres(&config).await;
+    let a = TestServer::start_shared(&config).await;
     let b = a.start_beside(&config).await;
     const N: usize = 30;
     for i in 0..N {

@@ -47,7 +47,7 @@ async fn a_delayed_message_is_ready_when_the_injected_clock_reaches_its_due_time
 /// Issue 5, defect 1: the WAL's size is a metric.
 #[tokio::test]
 async fn metrics_report_the_wal_size() {
-    if crate::harness::on_postgres() {
+    if crate::harness::on_shared_store() {
         eprintln!("not run on PostgreSQL: redrive_wal_* are the embedded store's figures");
         return;
     }

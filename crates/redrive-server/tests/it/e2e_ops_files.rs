@@ -41,7 +41,7 @@ async fn alert_rules_and_dashboard_use_only_exported_metrics() {
             for suffix in ["_bucket", "_sum", "_count", "_total"] {
                 n = n.strip_suffix(suffix).unwrap_or(n);
             }
-            if n.starts_with("redrive_wal_") && crate::harness::on_postgres() {
+            if n.starts_with("redrive_wal_") && crate::harness::on_shared_store() {
                 continue; // the embedded store's own figures (its WAL)
             }
             assert!(

@@ -94,7 +94,7 @@ async fn share_when(s: &TestServer, nodes: u64) -> Vec<Value> {
 /// whole limit), and the quick one gets 24 calls/s within 10 %, not 72.
 #[tokio::test]
 async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
-    if !on_postgres() {
+    if !on_shared_store() {
         eprintln!(
             "skipped: a cluster needs a shared store (set REDRIVE_TEST_STORAGE_URL=postgres://…)"
         );
@@ -111,7 +111,7 @@ async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
             "concurrency = 3\nrate_limit = \"24/s\""
         ),
     );
-    let a = TestServer::start_on_postgres(&config).await;
+    let a = TestServer::start_shared(&config).await;
     let b = a.start_beside(&config).await;
     let c = a.start_beside(&config).await;
     let mut shares = Vec::new();
@@ -202,7 +202,7 @@ async fn endpoint_state(s: &TestServer) -> Value {
 /// trip), and stops calling it: its messages wait.
 #[tokio::test]
 async fn a_breaker_opened_on_one_node_opens_on_the_other_within_a_second() {
-    if !on_postgres() {
+    if !on_shared_store() {
         eprintln!(
             "skipped: a cluster needs a shared store (set REDRIVE_TEST_STORAGE_URL=postgres://…)"
         );
@@ -238,7 +238,7 @@ async fn a_breaker_opened_on_one_node_opens_on_the_other_within_a_second() {
             queue(q, &format!("http://{addr}{path}"), limits)
         )
     };
-    let a = TestServer::start_on_postgres(&node("hooks_a", "/a", "concurrency = 4")).await;
+    let a = TestServer::start_shared(&node("hooks_a", "/a", "concurrency = 4")).await;
     let b = a
         .start_beside(&node(
             "hooks_b",

@@ -735,7 +735,7 @@ async fn a_read_token_signing_in_in_a_loop_never_signs_an_admin_out() {
 #[tokio::test]
 async fn a_session_opened_on_one_node_works_on_another_and_ends_there() {
     let config = format!("{FAST}\n{}", tokens());
-    let mut a = TestServer::start_on_postgres(&config).await;
+    let mut a = TestServer::start_shared(&config).await;
     let mut b = a.start_beside(&config).await;
     a.token = Some(ADMIN.to_owned());
     b.token = Some(ADMIN.to_owned());
@@ -799,7 +799,7 @@ async fn a_session_opened_on_one_node_works_on_another_and_ends_there() {
 /// by one node is accepted by another.
 #[tokio::test]
 async fn without_tokens_a_form_of_one_node_is_accepted_by_another() {
-    let a = TestServer::start_on_postgres(FAST).await;
+    let a = TestServer::start_shared(FAST).await;
     let b = a.start_beside(FAST).await;
     let id = dead(&a, "orders", json!({"n": 1}), "boom").await;
     let token = csrf(&Console::new(&a).html(&format!("/ui/messages/{id}")).await);

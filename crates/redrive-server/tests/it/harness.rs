@@ -39,35 +39,109 @@ pub struct TestServer {
     pub engine: std::sync::Arc<redrive_server::engine::Engine>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
-    /// The PostgreSQL schema of this server, when it runs on PostgreSQL.
-    pub pg: Option<PgSchema>,
+    /// The shared store of this server (a PostgreSQL schema or a MySQL database), when it
+    /// runs on one.
+    pub pg: Option<SharedDb>,
 }
 
-/// The suite on PostgreSQL: with `REDRIVE_TEST_STORAGE_URL=postgres://…` every server of the
-/// suite keeps its store in a fresh schema of that database, dropped after the test (the
-/// same tests as on the embedded store; CI runs both).
-pub struct PgSchema {
+/// The suite on a shared store: with `REDRIVE_TEST_STORAGE_URL=postgres://…` every server of
+/// the suite keeps its store in a fresh schema of that database, with
+/// `REDRIVE_TEST_STORAGE_URL=mysql://…` in a fresh database of that MySQL or MariaDB server;
+/// dropped after the test (the same tests as on the embedded store; CI runs all three).
+pub struct SharedDb {
+    /// The URL the test's variable gave (for PostgreSQL, the database holding the schema).
     pub url: String,
+    /// The PostgreSQL schema, or the MySQL database.
     pub schema: String,
     /// Whether dropping this drops the schema (false for a second server on it).
     owned: bool,
 }
 
-/// Whether this run of the suite keeps its stores on PostgreSQL.
-pub fn on_postgres() -> bool {
+/// Whether this run of the suite keeps its stores on a shared store (PostgreSQL or MySQL),
+/// not the embedded one.
+pub fn on_shared_store() -> bool {
     std::env::var_os("REDRIVE_TEST_STORAGE_URL").is_some()
 }
 
-impl PgSchema {
-    fn fresh() -> Option<PgSchema> {
+/// Whether this run of the suite keeps its stores on MySQL or MariaDB.
+pub fn on_mysql() -> bool {
+    std::env::var("REDRIVE_TEST_STORAGE_URL").is_ok_and(|u| u.starts_with("mysql://"))
+}
+
+/// The `mysql` client's arguments for the server of a `mysql://user[:pw]@host[:port]/db` URL.
+fn mysql_args(url: &str) -> Vec<String> {
+    let rest = url.trim_start_matches("mysql://");
+    let (auth, hostport) = match rest
+        .split_once('/')
+        .map_or(rest, |(h, _)| h)
+        .rsplit_once('@')
+    {
+        Some((a, h)) => (a, h),
+        None => ("root", rest.split_once('/').map_or(rest, |(h, _)| h)),
+    };
+    let (user, pw) = auth.split_once(':').unwrap_or((auth, ""));
+    let (host, port) = hostport.split_once(':').unwrap_or((hostport, "3306"));
+    let mut args = vec![
+        "-h".to_owned(),
+        host.to_owned(),
+        "-P".to_owned(),
+        port.to_owned(),
+        "-u".to_owned(),
+        user.to_owned(),
+    ];
+    if !pw.is_empty() {
+        args.push(format!("-p{pw}"));
+    }
+    args
+}
+
+/// Run `sql` with the `mysql` client on the server of `url`; its output.
+fn mysql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("mysql")
+        .args(mysql_args(url))
+        .args(["-N", "-B", "-e", sql])
+        .output()
+        .expect("the mysql client");
+    assert!(
+        out.status.success(),
+        "mysql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl SharedDb {
+    fn fresh() -> Option<SharedDb> {
         let url = std::env::var("REDRIVE_TEST_STORAGE_URL").ok()?;
         Some(Self::fresh_at(url))
     }
 
-    /// A fresh schema on the database at `url`.
-    fn fresh_at(url: String) -> PgSchema {
+    fn is_mysql(&self) -> bool {
+        self.url.starts_with("mysql://")
+    }
+
+    /// The server's `storage_url`: the test's URL, or on MySQL the URL of this database.
+    pub fn storage_url(&self) -> String {
+        if self.is_mysql() {
+            let rest = self.url.trim_start_matches("mysql://");
+            let host = rest.split_once('/').map_or(rest, |(h, _)| h);
+            format!("mysql://{host}/{}", self.schema)
+        } else {
+            self.url.clone()
+        }
+    }
+
+    /// A fresh schema (PostgreSQL) or database (MySQL) on the server at `url`.
+    fn fresh_at(url: String) -> SharedDb {
         static STALE: std::sync::Once = std::sync::Once::new();
+        let is_mysql = url.starts_with("mysql://");
         STALE.call_once(|| {
+            if is_mysql {
+                for db in mysql(&url, "SHOW DATABASES LIKE 'redrive\\_it\\_%'").lines() {
+                    drop_schema(&url, db.trim());
+                }
+                return;
+            }
             let out = std::process::Command::new("psql")
                 .arg(&url)
                 .args([
@@ -86,16 +160,30 @@ impl PgSchema {
             .unwrap()
             .as_nanos() as u64
             ^ u64::from(std::process::id()) << 32;
-        PgSchema {
+        let schema = format!("redrive_it_{n:x}");
+        if is_mysql {
+            mysql(&url, &format!("CREATE DATABASE {schema}"));
+        }
+        SharedDb {
             url,
-            schema: format!("redrive_it_{n:x}"),
+            schema,
             owned: true,
         }
     }
 }
 
-/// Drop `schema` with `psql`, waiting at most 30 s for locks.
+/// Drop `schema` (or on MySQL the database), waiting at most 30 s for locks.
 fn drop_schema(url: &str, schema: &str) {
+    if url.starts_with("mysql://") {
+        let _ = std::process::Command::new("mysql")
+            .args(mysql_args(url))
+            .args([
+                "-e",
+                &format!("SET SESSION lock_wait_timeout = 30; DROP DATABASE IF EXISTS {schema}"),
+            ])
+            .output();
+        return;
+    }
     let _ = std::process::Command::new("psql")
         .arg(url)
         .args(["-qc", "SET lock_timeout = '30s'"])
@@ -103,7 +191,7 @@ fn drop_schema(url: &str, schema: &str) {
         .output();
 }
 
-impl Drop for PgSchema {
+impl Drop for SharedDb {
     fn drop(&mut self) {
         if !self.owned {
             return;
@@ -111,7 +199,7 @@ impl Drop for PgSchema {
         // On a thread of its own, not waited for: this drop runs on the test's runtime,
         // whose tasks (the server's connections) must keep running to end what they hold,
         // or the DROP would wait for them for ever. Schemas a run leaves behind are dropped
-        // at the next run's first start (`PgSchema::fresh`).
+        // at the next run's first start (`SharedDb::fresh`).
         let (url, schema) = (self.url.clone(), self.schema.clone());
         std::thread::spawn(move || drop_schema(&url, &schema));
     }
@@ -135,7 +223,7 @@ impl TestServer {
         toml_text: &str,
         clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
     ) -> TestServer {
-        Self::start_on(toml_text, clock, PgSchema::fresh(), |store| store).await
+        Self::start_on(toml_text, clock, SharedDb::fresh(), |store| store).await
     }
 
     /// [`TestServer::start_with_clock`] over a store that fails on demand
@@ -156,46 +244,56 @@ impl TestServer {
                 faulty as std::sync::Arc<dyn redrive_storage::Store>
             }
         };
-        let s = Self::start_on(toml_text, clock, PgSchema::fresh(), wrap).await;
+        let s = Self::start_on(toml_text, clock, SharedDb::fresh(), wrap).await;
         let faulty = slot.get().expect("the store was wrapped").clone();
         (s, faulty)
     }
 
-    /// Start on PostgreSQL whatever the run: `REDRIVE_TEST_STORAGE_URL`, or the local
-    /// `postgres://root@127.0.0.1:5432/test` (for what only PostgreSQL does).
+    /// Start on PostgreSQL whatever the run: `REDRIVE_TEST_STORAGE_URL` when it is a
+    /// PostgreSQL URL, else the local `postgres://root@127.0.0.1:5432/test` (for what only
+    /// PostgreSQL does).
     pub async fn start_on_postgres(toml_text: &str) -> TestServer {
         let url = std::env::var("REDRIVE_TEST_STORAGE_URL")
+            .ok()
+            .filter(|u| u.starts_with("postgres"))
+            .unwrap_or_else(|| "postgres://root@127.0.0.1:5432/test".to_owned());
+        Self::start_on_db(toml_text, SharedDb::fresh_at(url)).await
+    }
+
+    /// Start on a store several nodes can share (for a cluster): `REDRIVE_TEST_STORAGE_URL`
+    /// (PostgreSQL or MySQL), else the local `postgres://root@127.0.0.1:5432/test`.
+    pub async fn start_shared(toml_text: &str) -> TestServer {
+        let url = std::env::var("REDRIVE_TEST_STORAGE_URL")
             .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned());
+        Self::start_on_db(toml_text, SharedDb::fresh_at(url)).await
+    }
+
+    async fn start_on_db(toml_text: &str, db: SharedDb) -> TestServer {
         Self::start_on(
             toml_text,
             std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
-            Some(PgSchema::fresh_at(url)),
+            Some(db),
             |store| store,
         )
         .await
     }
 
-    /// Another server on this one's PostgreSQL schema (a second node of its cluster), with
+    /// Another server on this one's shared store (a second node of its cluster), with
     /// the default config plus `toml`; the schema is dropped with this server, not that one.
     pub async fn start_beside(&self, toml_text: &str) -> TestServer {
-        let pg = self.pg.as_ref().expect("a server on PostgreSQL");
-        Self::start_on(
-            toml_text,
-            std::sync::Arc::new(redrive_server::engine::SystemClock::default()),
-            Some(PgSchema {
-                url: pg.url.clone(),
-                schema: pg.schema.clone(),
-                owned: false,
-            }),
-            |store| store,
-        )
-        .await
+        let pg = self.pg.as_ref().expect("a server on a shared store");
+        let db = SharedDb {
+            url: pg.url.clone(),
+            schema: pg.schema.clone(),
+            owned: false,
+        };
+        Self::start_on_db(toml_text, db).await
     }
 
     async fn start_on(
         toml_text: &str,
         clock: std::sync::Arc<dyn redrive_server::engine::Clock>,
-        pg: Option<PgSchema>,
+        pg: Option<SharedDb>,
         wrap: impl FnOnce(
             std::sync::Arc<dyn redrive_storage::Store>,
         ) -> std::sync::Arc<dyn redrive_storage::Store>,
@@ -206,10 +304,11 @@ impl TestServer {
         let overrides = redrive_server::Overrides {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some(dir.path().join("data")),
-            storage_url: pg.as_ref().map(|p| p.url.clone()),
+            storage_url: pg.as_ref().map(SharedDb::storage_url),
         };
         let env: Vec<(String, String)> = pg
             .iter()
+            .filter(|p| !p.is_mysql())
             .map(|p| ("REDRIVE_STORAGE_SCHEMA".to_owned(), p.schema.clone()))
             .collect();
         let config = Config::load(Some(&path), env, &overrides).unwrap();
@@ -403,9 +502,9 @@ impl TestServer {
         Value::Object(out)
     }
 
-    /// [`TestServer::stop`], handing back its PostgreSQL schema (dropped when the caller
+    /// [`TestServer::stop`], handing back its shared store's schema (dropped when the caller
     /// drops it): for a node stopped while another still uses the schema.
-    pub async fn stop_keeping_schema(mut self) -> Option<PgSchema> {
+    pub async fn stop_keeping_schema(mut self) -> Option<SharedDb> {
         let pg = self.pg.take();
         self.stop().await;
         pg
