@@ -65,9 +65,9 @@ pub use error::Error;
 pub use export::Export;
 pub use types::{
     AuditEntry, AuditPage, BatchItem, BatchResponse, BatchResult, Deleted, DryRun, ErrorDetail,
-    ExportFormat, Extended, FailureGroup, FailureGroups, Filter, LeaseRequest, LeaseResponse,
-    LeasedMessage, NackError, Publish, Published, PublishedBatch, QueueList, QueueView, SearchPage,
-    Task, TaskCreated, TaskList, TaskRequest,
+    ExportFormat, Extended, FailedReport, FailureGroup, FailureGroups, Filter, LeaseRequest,
+    LeaseResponse, LeasedMessage, NackError, Publish, Published, PublishedBatch, QueueList,
+    QueueView, SearchPage, Task, TaskCreated, TaskList, TaskRequest,
 };
 
 use bytes::Bytes;
@@ -351,6 +351,29 @@ impl Client {
             message: b.messages,
             replayed: status == StatusCode::OK,
         })
+    }
+
+    /// Publish several messages to `queue`, all or nothing, and answer each item on its
+    /// own: its message and whether it was an idempotent replay (from the answer's
+    /// `replayed`; a server that does not say has only the batch's status: all replays on a
+    /// 200, none on a 201).
+    pub async fn publish_batch_each(
+        &self,
+        queue: &str,
+        messages: &[Publish],
+    ) -> Result<Vec<Published<Message>>, Error> {
+        let url = self.url(&["v1", "queues", queue, "messages"], &[]);
+        let body = types::PublishBatchBody { messages };
+        let (status, b): (_, PublishedBatch) = self.call(Method::POST, url, Some(&body)).await?;
+        let all = status == StatusCode::OK;
+        Ok(b.messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, message)| Published {
+                message,
+                replayed: b.replayed.get(i).copied().unwrap_or(all),
+            })
+            .collect())
     }
 
     /// Lease ready messages of `queue` (possibly none).

@@ -36,9 +36,10 @@ pub struct Publish {
     /// Deliver at this RFC 3339 time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliver_at: Option<String>,
-    /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
+    /// A failure seen elsewhere: recorded as attempt `attempts` (default 1) and scheduled by
+    /// the policy, at `deliver_at` / after `delay` when one is given.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed: Option<NackError>,
+    pub failed: Option<FailedReport>,
     /// Push delivery: this message's own endpoint (queues with `allow_message_targets`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_url: Option<String>,
@@ -50,6 +51,42 @@ impl Publish {
         Self {
             payload,
             ..Self::default()
+        }
+    }
+}
+
+/// A failure seen elsewhere, reported at publish (`failed`): a nack's error plus the
+/// attempts already made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailedReport {
+    /// `transient`, `rate_limited` or `permanent`.
+    pub class: ErrorClass,
+    /// What went wrong.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// For `rate_limited`: earliest retry, e.g. `"10s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<String>,
+    /// Attempts already made elsewhere, this failure included (1 to 1,000,000; server
+    /// default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+impl FailedReport {
+    /// A failure of this class with this message, the first attempt.
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        NackError::new(class, message).into()
+    }
+}
+
+impl From<NackError> for FailedReport {
+    fn from(e: NackError) -> Self {
+        Self {
+            class: e.class,
+            message: e.message,
+            retry_after: e.retry_after,
+            attempts: None,
         }
     }
 }
@@ -76,6 +113,10 @@ pub struct Published<T> {
 pub struct PublishedBatch {
     /// The messages, in the order published.
     pub messages: Vec<Message>,
+    /// Per item, in the same order: whether it was an idempotent replay (the original
+    /// message) rather than a new one. Empty from a server before it said so.
+    #[serde(default)]
+    pub replayed: Vec<bool>,
 }
 
 /// A lease request (`POST /v1/queues/{queue}/leases`). Every field is optional.
@@ -473,12 +514,18 @@ mod tests {
             priority: Some(5),
             delay: Some("30s".into()),
             deliver_at: None,
-            failed: Some(NackError::new(ErrorClass::RateLimited, "slow down")),
+            failed: Some(FailedReport::new(ErrorClass::RateLimited, "slow down")),
         };
         assert_eq!(
             serde_json::to_value(&p).unwrap(),
             json!({"payload": null, "headers": {"trace": "abc"}, "key": "k", "idempotency_key": "i",
                    "priority": 5, "delay": "30s", "failed": {"class": "rate_limited", "message": "slow down"}})
+        );
+        let mut imported = FailedReport::new(ErrorClass::Transient, "row 7");
+        imported.attempts = Some(4);
+        assert_eq!(
+            serde_json::to_value(&imported).unwrap(),
+            json!({"class": "transient", "message": "row 7", "attempts": 4})
         );
     }
 

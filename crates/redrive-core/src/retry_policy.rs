@@ -469,23 +469,11 @@ impl RetryPolicy {
         failure: &Failure,
         rng: &mut SplitMix64,
     ) -> Decision {
+        let counted = match self.ends(ctx, failure) {
+            Ok(counted) => counted,
+            Err(reason) => return Decision::Dead { reason },
+        };
         let rate_limited = failure.class == ErrorClass::RateLimited;
-        let counted = !rate_limited
-            || self.rate_limited_counts
-            || ctx.uncharged_rate_limited >= self.max_rate_limited;
-        if failure.class == ErrorClass::Permanent {
-            let reason = if failure.is_endpoint_gone() {
-                DeadReason::EndpointGone
-            } else {
-                DeadReason::PermanentError
-            };
-            return Decision::Dead { reason };
-        }
-        if counted && ctx.counted_attempts >= self.max_attempts {
-            return Decision::Dead {
-                reason: DeadReason::MaxAttempts,
-            };
-        }
         let delay_ms = match (failure.class, failure.retry_after_ms) {
             (ErrorClass::RateLimited, Some(after)) => after.min(self.max_retry_after_ms),
             _ => {
@@ -510,6 +498,51 @@ impl RetryPolicy {
             due_at,
             counted,
         }
+    }
+
+    /// The decision after a failed attempt whose next try the caller has already timed
+    /// (a publish with `failed` and `deliver_at`: an import of a retry table's
+    /// `next_retry_at`): the policy decides whether there is one — dead when the failure is
+    /// permanent, the budget is spent, or `at` falls past the `max_age` window, exactly as
+    /// [`decide`](Self::decide) would — but not when: the retry is due at `at`, or now when
+    /// `at` is past. Draws nothing from a generator.
+    pub fn decide_at(&self, ctx: &FailureContext, failure: &Failure, at: Timestamp) -> Decision {
+        let counted = match self.ends(ctx, failure) {
+            Ok(counted) => counted,
+            Err(reason) => return Decision::Dead { reason },
+        };
+        let due_at = at.max(ctx.now);
+        if due_at > ctx.window_start.plus_ms(self.max_age_ms) {
+            return Decision::Dead {
+                reason: DeadReason::MaxAge,
+            };
+        }
+        Decision::Retry {
+            delay_ms: due_at.millis_since(ctx.now).max(0) as u64,
+            due_at,
+            counted,
+        }
+    }
+
+    /// Whether a failure ends the message whatever its next try's time: `Err` with the
+    /// reason when it is permanent or the budget is spent, else `Ok` with whether the
+    /// attempt counts against `max_attempts` (a rate limit may not).
+    fn ends(&self, ctx: &FailureContext, failure: &Failure) -> Result<bool, DeadReason> {
+        let rate_limited = failure.class == ErrorClass::RateLimited;
+        let counted = !rate_limited
+            || self.rate_limited_counts
+            || ctx.uncharged_rate_limited >= self.max_rate_limited;
+        if failure.class == ErrorClass::Permanent {
+            return Err(if failure.is_endpoint_gone() {
+                DeadReason::EndpointGone
+            } else {
+                DeadReason::PermanentError
+            });
+        }
+        if counted && ctx.counted_attempts >= self.max_attempts {
+            return Err(DeadReason::MaxAttempts);
+        }
+        Ok(counted)
     }
 
     /// `decision` held to "no earlier than `later`" (a release's `delay` past its bound):

@@ -7,9 +7,9 @@
 
 use crate::config::StorageKind;
 use crate::{metrics::Metrics, Config, ServerError};
-use redrive_storage::{Store, StoreOptions};
+use redrive_storage::{SqlPublishLimits, Store, StoreOptions};
 use redrive_store_mysql::{MysqlOptions, MysqlStore};
-use redrive_store_postgres::{PostgresOptions, PostgresStore, SqlPublishLimits};
+use redrive_store_postgres::{PostgresOptions, PostgresStore};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use std::sync::Arc;
 
@@ -33,6 +33,16 @@ fn shared(config: &Config, metrics: &Arc<Metrics>) -> StoreOptions {
         idempotency_window_ms: config.idempotency_window.ms(),
         seed: None,
         commit_observer: Some(Arc::new(move |n, secs| metrics.observe_commit(n, secs))),
+    }
+}
+
+/// What a publish from SQL checks (PostgreSQL's `publish(…)`, MySQL's `redrive_publish(…)`):
+/// the HTTP publish's own limits.
+fn sql_publish_limits(config: &Config) -> SqlPublishLimits {
+    SqlPublishLimits {
+        max_payload_bytes: config.max_payload_bytes as u64,
+        max_header_bytes: config.max_header_bytes as u64,
+        max_schedule_ahead_ms: config.max_schedule_ahead.ms(),
     }
 }
 
@@ -65,11 +75,7 @@ pub async fn open_store(
             opts.notify = config.storage_notify;
             opts.store = shared(config, metrics);
             // What the SQL function publish(…) checks: the HTTP publish's own limits.
-            opts.sql_publish = SqlPublishLimits {
-                max_payload_bytes: config.max_payload_bytes as u64,
-                max_header_bytes: config.max_header_bytes as u64,
-                max_schedule_ahead_ms: config.max_schedule_ahead.ms(),
-            };
+            opts.sql_publish = sql_publish_limits(config);
             let location = format!("{} schema {}", redact(&url), config.storage_schema);
             let store = PostgresStore::open(opts)
                 .await
@@ -94,6 +100,8 @@ pub async fn open_store(
             let mut opts = MysqlOptions::new(url.clone());
             opts.pool_size = config.storage_pool_size;
             opts.store = shared(config, metrics);
+            // What the procedure redrive_publish(…) checks: the HTTP publish's own limits.
+            opts.sql_publish = sql_publish_limits(config);
             let location = redact(&url);
             let store = MysqlStore::open(opts)
                 .await

@@ -48,7 +48,7 @@ pub use ops::{
     AuditRecord, NewAudit, TaskAction, TaskRecord, TaskState, TaskStep, TaskStepOutcome,
     TaskTransition,
 };
-pub use options::{CommitObserver, StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
+pub use options::{CommitObserver, SqlPublishLimits, StoreOptions, DEFAULT_IDEMPOTENCY_WINDOW_MS};
 pub use sessions::{NewSession, SessionLookup, SessionRecord};
 pub use store::{
     Ack, AckEvent, Acked, CommitStats, FailureOutcome, Health, LeaseRef, LeaseRequest, Leased,

@@ -1,5 +1,6 @@
 //! What every backend is opened with, apart from its own settings (SQLite: the data
-//! directory and the WAL bound; PostgreSQL: the URL, the schema, the pool size).
+//! directory and the WAL bound; PostgreSQL: the URL, the schema, the pool size), and the
+//! limits a shared store's transactional enqueue from SQL checks ([`SqlPublishLimits`]).
 
 use redrive_core::QueueCatalog;
 use std::sync::Arc;
@@ -43,6 +44,31 @@ impl Default for StoreOptions {
             idempotency_window_ms: DEFAULT_IDEMPOTENCY_WINDOW_MS,
             seed: None,
             commit_observer: None,
+        }
+    }
+}
+
+/// The limits a shared store's transactional enqueue from SQL checks (PostgreSQL's
+/// `<schema>.publish(…)`, MySQL's `redrive_publish(…)`): the server's own
+/// (`max_payload_bytes`, `max_header_bytes`, `max_schedule_ahead`), recorded in the
+/// database at open so that the database can check what the HTTP publish checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SqlPublishLimits {
+    /// Largest payload, bytes of its JSON text.
+    pub max_payload_bytes: u64,
+    /// Largest headers object, bytes of its JSON text.
+    pub max_header_bytes: u64,
+    /// Longest `delay`, ms.
+    pub max_schedule_ahead_ms: u64,
+}
+
+impl Default for SqlPublishLimits {
+    /// The server's defaults: 1 MiB payloads, 16 KiB of headers, 365 days ahead.
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 1 << 20,
+            max_header_bytes: 16 << 10,
+            max_schedule_ahead_ms: 365 * 86_400_000,
         }
     }
 }

@@ -8,7 +8,9 @@
 //!
 //! - whether a lease token is a message's live lease, and if not why ([`check_lease`]);
 //! - what a failed attempt leads to: the queue's [`RetryPolicy`] decides, under a
-//!   release's not-before ([`fail`]);
+//!   release's not-before ([`fail`]); a failure reported at publish, with the attempts
+//!   made elsewhere and, when given, the caller's time for the next try
+//!   ([`publish_failed`]);
 //! - a release's attempt take-back and its bound of uncharged consumer releases
 //!   ([`release`]);
 //! - a redrive's fresh budget and `max_age` window ([`redrive`]), a kill ([`kill`]), a
@@ -264,17 +266,61 @@ pub fn fail(
     now: Timestamp,
     rng: &mut SplitMix64,
 ) -> FailedAttempt {
-    let ctx = FailureContext {
+    let ctx = failure_context(life, now);
+    let mut decision = policy.decide(&ctx, failure, rng);
+    if let Some(later) = end.not_before {
+        decision = policy.not_before(decision, &ctx, later);
+    }
+    apply_failure(life, failure, end, decision, now)
+}
+
+/// A publish that reports a failure seen elsewhere (`failed`, S1; a bridge's intake; an
+/// import of a retry table): the message's first recorded attempt is
+/// `attempts_before + 1` (what another mechanism already tried, this failure included),
+/// and the queue's policy decides as for any failed attempt — dead when the failure is
+/// permanent, the budget is spent or the retry would fall past `max_age`. When the publish
+/// also gave `deliver_at`, the caller has timed the next try: a retry is due exactly then
+/// (now when that is past), not after the policy's delay
+/// ([`RetryPolicy::decide_at`]); without it the policy's delay applies. `life` is the
+/// message as [`Lifecycle::published`] made it.
+pub fn publish_failed(
+    life: &mut Lifecycle,
+    policy: &RetryPolicy,
+    failure: &Failure,
+    attempts_before: u32,
+    deliver_at: Option<Timestamp>,
+    now: Timestamp,
+    rng: &mut SplitMix64,
+) -> FailedAttempt {
+    life.attempts = attempts_before.saturating_add(1);
+    let ctx = failure_context(life, now);
+    let decision = match deliver_at {
+        Some(at) => policy.decide_at(&ctx, failure, at),
+        None => policy.decide(&ctx, failure, rng),
+    };
+    apply_failure(life, failure, AttemptEnd::default(), decision, now)
+}
+
+/// What the policy is told about the message whose attempt `life.attempts` failed.
+fn failure_context(life: &Lifecycle, now: Timestamp) -> FailureContext {
+    FailureContext {
         counted_attempts: life.counted_attempts().max(1),
         window_start: life.window_start(),
         now,
         prev_delay_ms: life.prev_delay_ms,
         uncharged_rate_limited: life.uncounted,
-    };
-    let mut decision = policy.decide(&ctx, failure, rng);
-    if let Some(later) = end.not_before {
-        decision = policy.not_before(decision, &ctx, later);
     }
+}
+
+/// Write the policy's `decision` on a failed attempt into `life`, and the attempt's
+/// history entry.
+fn apply_failure(
+    life: &mut Lifecycle,
+    failure: &Failure,
+    end: AttemptEnd,
+    decision: Decision,
+    now: Timestamp,
+) -> FailedAttempt {
     let last_error = LastError {
         class: failure.class,
         message: failure.message.clone(),

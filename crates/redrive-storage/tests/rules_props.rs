@@ -3,7 +3,8 @@
 
 use proptest::prelude::*;
 use redrive_core::{
-    ErrorClass, Failure, HistoryEvent, MessageId, RetryPolicy, SplitMix64, State, Timestamp,
+    DeadReason, ErrorClass, Failure, HistoryEvent, MessageId, RetryPolicy, SplitMix64, State,
+    Timestamp,
 };
 use redrive_storage::rules::{self, AttemptEnd, KeyMode, LeaseEnd, Lifecycle};
 use redrive_storage::{LeaseRef, Release, ReleaseBy, Settled, StoreError};
@@ -171,6 +172,71 @@ proptest! {
             && end.not_before.is_none()
         {
             prop_assert!(after.state != State::Dead, "dead with budget and window left");
+        }
+    }
+
+    /// A failure reported at publish is attempt `attempts_before + 1`. With `deliver_at`
+    /// (the caller timed the next try), a retry is due exactly then, or now when that is
+    /// past, and the message is dead only as the policy ends it: a permanent failure, the
+    /// budget spent, or that time past `max_age` — never because of a delay the policy would
+    /// have drawn. Without it, the policy decides as for any failed attempt.
+    #[test]
+    fn a_failure_at_publish_is_due_at_the_callers_time_unless_the_policy_ends_it(
+        policy in policy(), class in class(), before in 0u32..30, seed in any::<u64>(),
+        offset in proptest::option::of(-86_400_000i64..1_209_600_000),
+    ) {
+        let deliver_at = offset.map(|o| Timestamp::from_millis(T0 + o));
+        let mut life = Lifecycle::published(deliver_at, now());
+        let failure = Failure::new(class, "seen elsewhere");
+        let failed = rules::publish_failed(
+            &mut life, &policy, &failure, before, deliver_at, now(), &mut SplitMix64::new(seed),
+        );
+        prop_assert_eq!(life.attempts, before + 1);
+        prop_assert_eq!(failed.entry.attempt, before + 1);
+        let HistoryEvent::Failed { retry_at, delay_ms, dead_reason, .. } = &failed.entry.event else {
+            panic!("a failure's entry is `failed`");
+        };
+        let Some(at) = deliver_at else {
+            // The policy's own decision: what `fail` makes of the same attempt.
+            let mut same = Lifecycle::published(None, now());
+            same.attempts = before + 1;
+            let by_fail = rules::fail(
+                &mut same, &policy, &failure, AttemptEnd::default(), now(), &mut SplitMix64::new(seed),
+            );
+            prop_assert_eq!(&life, &same);
+            prop_assert_eq!(&failed.entry, &by_fail.entry);
+            return Ok(());
+        };
+        let due = at.max(now());
+        let counted = class != ErrorClass::RateLimited
+            || policy.rate_limited_counts
+            || policy.max_rate_limited == 0;
+        let expected_dead = if class == ErrorClass::Permanent {
+            Some(DeadReason::PermanentError)
+        } else if counted && before + 1 >= policy.max_attempts {
+            Some(DeadReason::MaxAttempts)
+        } else if due > now().plus_ms(policy.max_age_ms) {
+            Some(DeadReason::MaxAge)
+        } else {
+            None
+        };
+        prop_assert_eq!(*dead_reason, expected_dead);
+        prop_assert_eq!(life.dead_reason, expected_dead);
+        match expected_dead {
+            Some(_) => {
+                prop_assert_eq!(life.state, State::Dead);
+                prop_assert_eq!(life.finished_at, Some(now()));
+                prop_assert_eq!(*retry_at, None);
+            }
+            None => {
+                prop_assert_eq!(life.due_at, Some(due));
+                prop_assert_eq!(life.state == State::Scheduled, due > now());
+                prop_assert_eq!(life.state == State::Ready, due == now());
+                prop_assert_eq!(*retry_at, Some(due));
+                prop_assert_eq!(*delay_ms, Some(due.millis_since(now()) as u64));
+                prop_assert_eq!(failed.retry_delay_ms, *delay_ms);
+                prop_assert_eq!(life.uncounted, u32::from(!counted));
+            }
         }
     }
 

@@ -61,11 +61,18 @@
 //! [`MysqlOptions::poll_every`], at most 1 s); a store's own writes wake its own waiters
 //! at once (answered to its caller, and its due time through [`Notifier::due`]).
 //!
+//! # Transactional enqueue
+//!
+//! An application publishes inside its own transaction with the stored procedure
+//! `redrive_publish(queue, payload, key, idempotency_key, delay_ms, priority, headers)`
+//! (`sql_publish.rs`; created by schema step 4, checked with the limits in
+//! [`MysqlOptions::sql_publish`]): the message exists if and only if that transaction
+//! commits, and the stores' pollers tell their long polls within a poll.
+//!
 //! # Not yet
 //!
 //! - Group commit covers publish, ack and nack, without merging them into set-based
 //!   statements; release, return, extend, operator actions, leases and ticks commit alone.
-//! - Transactional enqueue from SQL (the documented `INSERT` / procedure of issue 18).
 //! - Queue statistics are counted with `GROUP BY` on each call.
 //! - TLS: a URL asking for it is refused.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -105,8 +112,10 @@ mod row;
 mod schema;
 mod sessions;
 mod sql;
+mod sql_publish;
 mod transitions;
 
+pub use redrive_storage::SqlPublishLimits;
 pub use schema::SCHEMA_VERSION;
 
 use error::{Conflict, E};
@@ -141,6 +150,9 @@ pub struct MysqlOptions {
     /// Group commit: concurrent publish, ack and nack calls share one transaction and one
     /// commit (`group_commit.rs`). On by default.
     pub group_commit: bool,
+    /// What the procedure `redrive_publish(…)` checks (transactional enqueue,
+    /// `sql_publish.rs`): the server's limits, recorded in the database at open.
+    pub sql_publish: SqlPublishLimits,
 }
 
 impl std::fmt::Debug for MysqlOptions {
@@ -151,13 +163,14 @@ impl std::fmt::Debug for MysqlOptions {
             .field("store", &self.store)
             .field("poll_every", &self.poll_every)
             .field("group_commit", &self.group_commit)
+            .field("sql_publish", &self.sql_publish)
             .finish_non_exhaustive()
     }
 }
 
 impl MysqlOptions {
     /// Defaults for `url`: 16 connections, default queue settings, 24 h idempotency window,
-    /// polling every 250 ms.
+    /// polling every 250 ms, the server's default limits for `redrive_publish(…)`.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -165,6 +178,7 @@ impl MysqlOptions {
             store: StoreOptions::default(),
             poll_every: Duration::from_millis(250),
             group_commit: true,
+            sql_publish: SqlPublishLimits::default(),
         }
     }
 }
@@ -247,6 +261,8 @@ pub(crate) struct Inner {
     pool: mysql_async::Pool,
     pub catalog: Arc<QueueCatalog>,
     pub idempotency_window_ms: u64,
+    /// How the database fingerprints payloads for idempotency (`meta.payload_fingerprint`).
+    pub canon: sql_publish::Canon,
     rng: Mutex<SplitMix64>,
     /// Random at every open, whatever the seed: mixed into every lease nonce, and written
     /// as `ready.node` so that the poller of a store skips what it made ready itself.
@@ -556,8 +572,12 @@ impl MysqlStore {
             ));
         }
         let size = opts.pool_size.max(1);
+        // Idle connections stay in the pool (up to `size`, for a minute): with
+        // `inactive_connection_ttl` 0, mysql_async's default, it keeps at most `min` (here 0)
+        // and closes every connection handed back, so each transaction connected anew.
         let pool_opts = mysql_async::PoolOpts::default()
             .with_constraints(mysql_async::PoolConstraints::new(0, size).unwrap_or_default())
+            .with_inactive_connection_ttl(Duration::from_secs(60))
             .with_reset_connection(false);
         let builder = mysql_async::OptsBuilder::from_opts(parsed)
             .pool_opts(pool_opts)
@@ -598,15 +618,28 @@ impl MysqlStore {
                     min.0, min.1
                 ))));
             }
-            schema::migrate(&mut conn, &database).await?;
+            schema::migrate(&mut conn, &database, mariadb).await?;
             key_order::reconcile(&mut conn, &database, &opts.store.catalog).await?;
+            let canon = sql_publish::canon_of(&mut conn).await?.ok_or_else(|| {
+                E::Db(StoreError::Backend(format!(
+                    "MySQL database {database} is at schema version {SCHEMA_VERSION} but records \
+                     no {} in meta",
+                    sql_publish::Canon::META_KEY
+                )))
+            })?;
+            sql_publish::record(
+                &mut conn,
+                opts.sql_publish,
+                opts.store.idempotency_window_ms,
+            )
+            .await?;
             let durability = durability_check(&mut conn, mariadb).await?;
             let wake = reads::next_wake(&mut conn).await?;
             let rid = poll::newest_rid(&mut conn).await?;
-            Ok((durability, wake, rid, server))
+            Ok((durability, wake, rid, server, canon))
         }
         .await;
-        let (durability, wake, rid, server) = match setup {
+        let (durability, wake, rid, server, canon) = match setup {
             Ok(v) => v,
             Err(e) => {
                 let _ = pool.disconnect().await;
@@ -621,6 +654,7 @@ impl MysqlStore {
             pool,
             catalog: opts.store.catalog,
             idempotency_window_ms: opts.store.idempotency_window_ms,
+            canon,
             rng: Mutex::new(SplitMix64::new(seed)),
             epoch: random_seed() | 1,
             rotation: AtomicUsize::new(0),

@@ -32,7 +32,11 @@
 //!   waits) and `key_heads` (queue, key → the head), as in the PostgreSQL store
 //!   (`key_order.rs`); only a head that is ready has a `ready` row.
 //! - `meta`, `tasks`, `audit`, `sessions`, `nodes`, `leader`, `endpoint_trips`: as in the
-//!   PostgreSQL store.
+//!   PostgreSQL store. `meta` also records what transactional enqueue needs: the server's
+//!   limits (`sql_publish`, written at every open) and how payloads are fingerprinted
+//!   (`payload_fingerprint`, chosen once, at step 4).
+//! - The stored procedures `redrive_publish` and `redrive_publish_out`: transactional
+//!   enqueue from an application's own transaction (`sql_publish.rs`).
 //!
 //! Times are `BIGINT` milliseconds since the epoch (a caller's clock is honoured exactly;
 //! the database's is `UNIX_TIMESTAMP(NOW(3)) * 1000` when no time is given). Text that is
@@ -42,13 +46,15 @@
 //! # Migrations
 //!
 //! `schema_migrations` (version, applied_at) records the steps applied. [`migrate`] holds
-//! `GET_LOCK` (named after the database) while it runs each missing step of [`MIGRATIONS`]
+//! `GET_LOCK` (named after the database) while it runs each missing step of [`STEPS`]
 //! (MySQL's DDL commits by itself, so a step's statements are written to be run again:
-//! `IF NOT EXISTS`, `INSERT IGNORE`), and refuses a database whose version is newer than
-//! [`SCHEMA_VERSION`], naming both.
+//! `IF NOT EXISTS`, `INSERT IGNORE`, `DROP PROCEDURE IF EXISTS`), and refuses a database whose
+//! version is newer than [`SCHEMA_VERSION`], naming both. Step 4's statements depend on the
+//! server (MariaDB or MySQL, and whether it has `JSON_NORMALIZE`: [`steps`]).
 
 use crate::error::E;
 use crate::sql::{args, col, execute, query_one, Db};
+use crate::sql_publish::{self, Canon};
 use mysql_async::prelude::Queryable;
 use mysql_async::Params;
 use redrive_storage::StoreError;
@@ -58,13 +64,27 @@ use redrive_storage::StoreError;
 /// - 1: `messages`, `history`, `ready`, `idempotency`, `key_heads`.
 /// - 2: `meta`, `tasks`, `audit`.
 /// - 3: the cluster's `nodes`, `leader` and `endpoint_trips`, and the console's `sessions`.
-pub const SCHEMA_VERSION: i64 = 3;
+/// - 4: transactional enqueue: the procedures `redrive_publish` and `redrive_publish_out`,
+///   and `meta.payload_fingerprint` (idempotency fingerprints computed by the database on
+///   both paths; the FNV-1a fingerprints of records written before stay readable until
+///   they expire: `sql_publish::fingerprint_matches`).
+pub const SCHEMA_VERSION: i64 = 4;
 
 const TABLE: &str = "ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin";
 
-/// The steps: `(version, statements)`, applied in order.
-pub fn migrations() -> Vec<(i64, Vec<String>)> {
-    vec![(1, v1()), (2, v2()), (3, v3())]
+/// The steps' versions, applied in order.
+const STEPS: [i64; 4] = [1, 2, 3, 4];
+const _: () = assert!(STEPS[STEPS.len() - 1] == SCHEMA_VERSION);
+
+/// The statements of step `step` on this server (`mariadb`), whose earlier steps are applied.
+async fn steps(c: &mut mysql_async::Conn, step: i64, mariadb: bool) -> Result<Vec<String>, E> {
+    Ok(match step {
+        1 => v1(),
+        2 => v2(),
+        3 => v3(),
+        4 => v4(c, mariadb).await?,
+        _ => Vec::new(),
+    })
 }
 
 fn v1() -> Vec<String> {
@@ -238,6 +258,22 @@ fn v3() -> Vec<String> {
     ]
 }
 
+/// Step 4: transactional enqueue. The fingerprint kind is the one already recorded (a step
+/// that ran before, in part) or the best this server has.
+async fn v4(c: &mut mysql_async::Conn, mariadb: bool) -> Result<Vec<String>, E> {
+    let canon = match sql_publish::canon_of(c).await? {
+        Some(k) => k,
+        None => Canon::probe(c, mariadb).await?,
+    };
+    let mut out = vec![format!(
+        "INSERT IGNORE INTO meta (k, v) VALUES ('{}', '{}')",
+        Canon::META_KEY,
+        canon.as_str()
+    )];
+    out.extend(sql_publish::procedures(canon, mariadb));
+    Ok(out)
+}
+
 /// The name of the database's migration lock (`GET_LOCK`, also taken by
 /// `key_order::reconcile`): at most 64 characters whatever the database's name.
 pub fn lock_name(database: &str) -> String {
@@ -292,14 +328,14 @@ async fn version<C: Db>(c: &mut C) -> Result<i64, E> {
 
 /// Create redrive's tables or upgrade them, under the migration lock; refuse a newer
 /// schema.
-pub async fn migrate(c: &mut mysql_async::Conn, database: &str) -> Result<(), E> {
+pub async fn migrate(c: &mut mysql_async::Conn, database: &str, mariadb: bool) -> Result<(), E> {
     lock(c, database).await?;
-    let r = migrate_locked(c, database).await;
+    let r = migrate_locked(c, database, mariadb).await;
     let u = unlock(c, database).await;
     r.and(u)
 }
 
-async fn migrate_locked(c: &mut mysql_async::Conn, database: &str) -> Result<(), E> {
+async fn migrate_locked(c: &mut mysql_async::Conn, database: &str, mariadb: bool) -> Result<(), E> {
     let found = version(c).await?;
     if found > SCHEMA_VERSION {
         return Err(E::Logic(StoreError::Backend(format!(
@@ -307,11 +343,11 @@ async fn migrate_locked(c: &mut mysql_async::Conn, database: &str) -> Result<(),
              versions up to {SCHEMA_VERSION}: upgrade redrive (a newer one wrote it)"
         ))));
     }
-    for (step, statements) in migrations() {
+    for step in STEPS {
         if found >= step {
             continue;
         }
-        for s in &statements {
+        for s in &steps(c, step, mariadb).await? {
             c.query_drop(s.as_str()).await?;
         }
         execute(

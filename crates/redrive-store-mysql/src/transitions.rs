@@ -15,11 +15,12 @@ use crate::error::{Conflict, E};
 use crate::key_order;
 use crate::row::{self, columns, delay_ms, int, ms, Row};
 use crate::sql::{args, col, execute, list, marks, query, query_one, query_opt, resolve_now, Db};
+use crate::sql_publish;
 use crate::{Ctx, Inner};
 use mysql_async::{Params, Value};
 use redrive_core::{
-    fnv1a, AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage,
-    State, Timestamp, Waited,
+    AttemptResponse, Failure, HistoryEntry, HistoryEvent, Message, MessageId, NewMessage, State,
+    Timestamp, Waited,
 };
 use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, KeyMode, LeaseEnd, Lifecycle};
 use redrive_storage::{
@@ -313,11 +314,6 @@ async fn leased_row<C: Db>(
 /// A live idempotency record: message id, fingerprint, tombstone, expiry.
 type Record = (String, String, Option<String>, i64);
 
-/// The idempotency fingerprint of a payload's JSON text (as the SQLite store's).
-fn fingerprint(payload: &str) -> String {
-    format!("{:016x}", fnv1a(payload.as_bytes()))
-}
-
 /// Publish `items`, all or nothing (see [`redrive_storage::Store::publish`]): each item is
 /// decided in order (a key used twice in the call replays, or conflicts with, its first
 /// use), inserted with its history and idempotency record, then per-key ordering.
@@ -339,9 +335,25 @@ pub async fn publish<C: Db>(
     let mut out = Vec::with_capacity(items.len());
     // Keys first used by this call: (queue, key) → (message, fingerprint).
     let mut first_use: HashMap<(String, String), (Message, String)> = HashMap::new();
+    // The keyed items' fingerprints, computed by the database as `redrive_publish` computes
+    // its own (`sql_publish.rs`), so that both paths share one idempotency record.
+    let mut texts = items
+        .iter()
+        .map(|i| serde_json::to_string(&i.payload))
+        .collect::<Result<Vec<_>, _>>()?;
+    let keyed: Vec<&str> = (items.iter().zip(&texts))
+        .filter(|(i, _)| i.idempotency_key.is_some())
+        .map(|(_, t)| t.as_str())
+        .collect();
+    let mut fps = sql_publish::fingerprints(st.canon, tx, &keyed)
+        .await?
+        .into_iter();
     for (index, item) in items.iter().enumerate() {
-        let payload = serde_json::to_string(&item.payload)?;
-        let fp = fingerprint(&payload);
+        let payload = std::mem::take(&mut texts[index]);
+        let fp = match item.idempotency_key {
+            Some(_) => fps.next().unwrap_or_default(),
+            None => String::new(),
+        };
         if let Some(ikey) = item.idempotency_key.as_deref() {
             let conflict = || {
                 E::Logic(StoreError::IdempotencyConflict {
@@ -369,7 +381,7 @@ pub async fn publish<C: Db>(
             .await?;
             if let Some(r) = found {
                 let rec: Record = (col(&r, 0)?, col(&r, 1)?, col(&r, 2)?, col(&r, 3)?);
-                if rec.1 != fp {
+                if !sql_publish::fingerprint_matches(&rec.1, &fp, &payload) {
                     return Err(conflict());
                 }
                 let existing = query_opt(
@@ -401,10 +413,10 @@ pub async fn publish<C: Db>(
         let mut failure = None;
         let mut last_error = None;
         if let Some(f) = &item.failed {
-            life.attempts = item.attempts_before.saturating_add(1);
             let policy = &st.catalog.get(&item.queue).retry;
+            let (before, at) = (item.attempts_before, item.deliver_at);
             let failed = st
-                .with_rng(|rng| rules::fail(&mut life, policy, f, AttemptEnd::default(), now, rng));
+                .with_rng(|rng| rules::publish_failed(&mut life, policy, f, before, at, now, rng));
             last_error = Some(serde_json::to_string(&failed.last_error)?);
             history.push(failed.entry);
             failure = Some((failed.class, failed.retry_delay_ms));

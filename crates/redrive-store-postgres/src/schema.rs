@@ -101,7 +101,9 @@ use redrive_storage::StoreError;
 ///   `audit.node`, the node that recorded an entry (NULL in the entries from before).
 /// - 7: `endpoint_trips`, the push endpoints' shared breakers: the latest trip per endpoint
 ///   (`cluster.rs`).
-pub const SCHEMA_VERSION: i32 = 7;
+/// - 8: the SQL function `publish(…)` again, with step 3's key-order mode comparison fixed
+///   (`sql_publish.rs`).
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -112,6 +114,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (5, crate::cluster::V5),
     (6, crate::sessions::V6),
     (7, crate::cluster::V7),
+    (8, crate::sql_publish::V8),
 ];
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";

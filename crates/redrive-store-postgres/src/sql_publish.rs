@@ -43,27 +43,10 @@ pub fn fingerprint(param: &str) -> String {
 }
 
 /// The limits `publish(…)` checks, the server's own (`max_payload_bytes`,
-/// `max_header_bytes`, `max_schedule_ahead`), recorded in `meta` at open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct SqlPublishLimits {
-    /// Largest payload, bytes of its JSON text.
-    pub max_payload_bytes: u64,
-    /// Largest headers object, bytes of its JSON text.
-    pub max_header_bytes: u64,
-    /// Longest `delay`, ms.
-    pub max_schedule_ahead_ms: u64,
-}
-
-impl Default for SqlPublishLimits {
-    /// The server's defaults: 1 MiB payloads, 16 KiB of headers, 365 days ahead.
-    fn default() -> Self {
-        Self {
-            max_payload_bytes: 1 << 20,
-            max_header_bytes: 16 << 10,
-            max_schedule_ahead_ms: 365 * 86_400_000,
-        }
-    }
-}
+/// `max_header_bytes`, `max_schedule_ahead`), recorded in `meta` at open. Defined in
+/// `redrive_storage` (the MySQL store's `redrive_publish(…)` checks the same), re-exported
+/// here for this crate's users.
+pub use redrive_storage::SqlPublishLimits;
 
 /// Record what `publish(…)` checks and the idempotency window it keeps keys for.
 pub async fn record(
@@ -83,10 +66,14 @@ pub async fn record(
     Ok(())
 }
 
-/// Schema step 3: the function. `SET search_path FROM CURRENT` binds it to the schema it
-/// is created in (the migration runs with `search_path` set to it), whatever the caller's.
-pub const V3: &str = r#"
-CREATE FUNCTION publish(
+/// The function's SQL, after `CREATE` (step 3) or `CREATE OR REPLACE` (step 8). `SET
+/// search_path FROM CURRENT` binds it to the schema it is created in (the migration runs with
+/// `search_path` set to it), whatever the caller's.
+macro_rules! publish_function {
+    ($create:literal) => {
+        concat!(
+            $create,
+            r#" FUNCTION publish(
   queue text,
   payload jsonb,
   key text DEFAULT NULL,
@@ -198,9 +185,9 @@ BEGIN
   due := now_ms + delay_ms;
   st := CASE WHEN due > now_ms THEN 0 ELSE 1 END;
   SELECT v::jsonb INTO modes FROM meta WHERE k = 'key_order_modes';
-  mode := coalesce(modes->'queues'->>publish.queue, modes->>'default', 'Unordered');
+  mode := coalesce(modes->'queues'->>publish.queue, modes->>'default', 'unordered');
   -- A new message takes part in its key's order under either ordered mode.
-  blocked := CASE WHEN publish.key IS NOT NULL AND mode <> 'Unordered' THEN true END;
+  blocked := CASE WHEN publish.key IS NOT NULL AND mode <> 'unordered' THEN true END;
   INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, payload,
                         headers, created_at, updated_at, key_blocked)
     VALUES (new_id, publish.queue, st, publish.priority, due, publish.key, publish.idempotency_key,
@@ -238,4 +225,16 @@ BEGIN
   RETURN new_id;
 END
 $fn$;
-"#;
+"#
+        )
+    };
+}
+
+/// Schema step 3: the function.
+pub const V3: &str = publish_function!("CREATE");
+
+/// Schema step 8: the function again, reading the queue's key-order mode as `meta` spells it
+/// (`unordered`, snake case: `redrive_storage::rules::KeyMode`). Step 3 compared it with
+/// `Unordered`, so on a schema where any queue kept per-key order a keyed publish from SQL
+/// to an unordered queue was made to wait behind its key, and only the first was leasable.
+pub const V8: &str = publish_function!("CREATE OR REPLACE");

@@ -1332,10 +1332,10 @@ async fn publish_many(
         let mut failure = None;
         let mut last_error = None;
         if let Some(f) = &item.failed {
-            life.attempts = item.attempts_before.saturating_add(1);
             let policy = &st.catalog.get(&item.queue).retry;
+            let (before, at) = (item.attempts_before, item.deliver_at);
             let failed = st
-                .with_rng(|rng| rules::fail(&mut life, policy, f, AttemptEnd::default(), now, rng));
+                .with_rng(|rng| rules::publish_failed(&mut life, policy, f, before, at, now, rng));
             last_error = Some(serde_json::to_string(&failed.last_error)?);
             history.push(failed.entry);
             failure = Some((failed.class, failed.retry_delay_ms));

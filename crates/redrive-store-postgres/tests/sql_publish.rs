@@ -400,3 +400,20 @@ async fn bad_arguments_are_refused_by_name_and_write_nothing() {
     let stats = store.queue_stats().await.unwrap();
     assert!(stats.iter().all(|s| s.counts == [0; 5]), "{stats:?}");
 }
+
+/// Keys on a queue without per-key ordering do not wait behind each other from SQL either,
+/// while another queue of the schema keeps per-key order (schema step 8: step 3 read the
+/// mode as `Unordered` and made every keyed SQL publish wait behind its key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_an_unordered_queue_do_not_wait_from_sql() {
+    let (store, mut app, guard) = setup().await;
+    let tx = app.transaction().await.unwrap();
+    for n in [1, 2] {
+        publish_sql(&tx, &guard.0, &format!("'{Q}', '{n}', key => 'same'"))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let got = store.lease(req(Q), None).await.unwrap();
+    assert_eq!(got.len(), 2, "both messages of key `same` leasable at once: {got:?}");
+}

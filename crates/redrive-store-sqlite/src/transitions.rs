@@ -418,13 +418,13 @@ impl WriterState {
             let mut history = Vec::new();
             let mut failure_outcome = None;
             if let Some(failure) = &item.failed {
-                row.life.attempts = item.attempts_before.saturating_add(1);
                 let policy = &self.catalog.get(&row.queue).retry;
-                let failed = rules::fail(
+                let failed = rules::publish_failed(
                     &mut row.life,
                     policy,
                     failure,
-                    AttemptEnd::default(),
+                    item.attempts_before,
+                    item.deliver_at,
                     now,
                     &mut self.rng,
                 );

@@ -4,7 +4,9 @@
 //! - `redrive backup` copies a data directory while its server runs;
 //! - `redrive policy explain` prints what a retry policy means, offline;
 //! - `redrive publish | messages … | queues | tasks … | groups | audit` are thin clients of
-//!   the HTTP API (SPEC §5, §12).
+//!   the HTTP API (SPEC §5, §12);
+//! - `redrive import` reads an existing MySQL retry table (the seeds' `msg_retry`) and
+//!   publishes its rows through the same API.
 //!
 //! The load generator is another binary, `redrive-bench` (crates/redrive-bench), so that
 //! the server links none of it.
@@ -98,6 +100,78 @@ pub enum Command {
     Groups(GroupsArgs),
     /// The audit log: every operator action, newest first.
     Audit(AuditArgs),
+    /// Import an existing MySQL retry table (the seeds' `msg_retry`): its pending rows become
+    /// scheduled messages (due at next_retry_at, attempts from fail_times), its dead rows dead
+    /// letters; done rows are skipped. Idempotent on the row id; --dry-run counts first.
+    Import(Box<ImportArgs>),
+}
+
+/// `redrive import`.
+///
+/// Reads the table in pages of 1,000 rows by its id (never writes to it: the session is
+/// read-only) and publishes through the server's API, in batches. Each message has the
+/// idempotency key `import:<table>:<id>`, so a second run within the server's
+/// `idempotency_window` (default 24h) imports nothing twice; after the window it would.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The database holding the table: mysql://user[:password]@host[:port]/database.
+    #[arg(
+        long,
+        env = "REDRIVE_IMPORT_FROM",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub from: String,
+    /// The table to read.
+    #[arg(long, default_value = "msg_retry", value_name = "NAME")]
+    pub table: String,
+    /// Publish every row to this queue; by default each row's topic is its queue (a topic
+    /// that is no valid queue name fails that row, listed; the others go on).
+    #[arg(long, value_name = "QUEUE")]
+    pub queue: Option<String>,
+    /// The row id column: a unique key, read in its order.
+    #[arg(long, default_value = "id", value_name = "COLUMN")]
+    pub id_column: String,
+    /// The topic column (the queue, unless --queue).
+    #[arg(long, default_value = "topic", value_name = "COLUMN")]
+    pub topic_column: String,
+    /// The payload column (JSON, published as is).
+    #[arg(long, default_value = "payload", value_name = "COLUMN")]
+    pub payload_column: String,
+    /// The column counting the failed attempts so far (the message's attempts).
+    #[arg(long, default_value = "fail_times", value_name = "COLUMN")]
+    pub fail_times_column: String,
+    /// The next try's time: DATETIME / TIMESTAMP, or an integer of Unix seconds.
+    #[arg(long, default_value = "next_retry_at", value_name = "COLUMN")]
+    pub next_retry_column: String,
+    /// The status column.
+    #[arg(long, default_value = "status", value_name = "COLUMN")]
+    pub status_column: String,
+    /// The status of rows still to retry: scheduled messages.
+    #[arg(long, default_value = "pending", value_name = "VALUE")]
+    pub pending_value: String,
+    /// The status of rows given up: dead letters.
+    #[arg(long, default_value = "dead", value_name = "VALUE")]
+    pub dead_value: String,
+    /// The status of rows already handled: skipped (counted).
+    #[arg(long, default_value = "done", value_name = "VALUE")]
+    pub done_value: String,
+    /// The UTC offset of the table's DATETIME values, e.g. +08:00 for Asia/Shanghai (a
+    /// DATETIME has no zone; TIMESTAMP columns are read in this offset too, so they stay
+    /// right). Default UTC.
+    #[arg(long, default_value = "+00:00", value_name = "±HH:MM", allow_hyphen_values = true,
+          value_parser = cli::import::parse_offset)]
+    pub timezone_offset: cli::import::UtcOffset,
+    /// Read and count (pending, dead, done, invalid, per queue, with what the queue's policy
+    /// makes of each); publish nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Messages per publish request (at most the server's max_batch, default 1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub batch: u32,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `redrive serve`.

@@ -377,7 +377,7 @@ async fn groups_fingerprints_and_kill_reasons_from_the_cli() {
         "HTTP 500 from payments (req 20)",
     ] {
         let mut p = redrive_client::Publish::new(serde_json::json!({"text": text}));
-        p.failed = Some(redrive_client::NackError::new(
+        p.failed = Some(redrive_client::FailedReport::new(
             redrive_core::ErrorClass::Permanent,
             text,
         ));

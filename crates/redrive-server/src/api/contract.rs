@@ -586,6 +586,10 @@ fn patch(cfg: &Config, v: &mut Value) {
                 nullable_pattern(&desc(p), &duration_pattern(r.ahead))
             });
         }
+        set_prop(schemas, "FailedReport", "attempts", |p| {
+            json!({"type": ["integer", "null"], "minimum": 1,
+                   "maximum": super::messages::MAX_REPORTED_ATTEMPTS, "description": desc(p)})
+        });
         // A batch item's error is checked item by item (a bad one is that item's 400 in a
         // 200 answer), so the request itself only needs its shape.
         set_prop(schemas, "BatchItem", "error", |p| {

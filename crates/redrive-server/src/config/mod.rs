@@ -230,8 +230,10 @@ const ENV_KEYS: &[&str] = &[
 ];
 
 /// `REDRIVE_*` variables that are not server configuration: `REDRIVE_CONFIG` (the file, read
-/// by the binary), `REDRIVE_SERVER` and `REDRIVE_TOKEN` (the CLI's client commands).
-const CLIENT_ENV_KEYS: &[&str] = &["config", "server", "token"];
+/// by the binary), `REDRIVE_SERVER` and `REDRIVE_TOKEN` (the CLI's client commands),
+/// `REDRIVE_IMPORT_FROM` (`redrive import`'s source), so that a shell which has them set
+/// still starts a server.
+const CLIENT_ENV_KEYS: &[&str] = &["config", "server", "token", "import_from"];
 
 /// Values given on the command line; they win over file and environment.
 #[derive(Debug, Clone, Default)]
@@ -415,6 +417,13 @@ mod tests {
         assert!(e.contains("max_attempt"), "{e}");
         let e = load("", &[("REDRIVE_LISTN", "x")]).unwrap_err().to_string();
         assert!(e.contains("REDRIVE_LISTN"), "{e}");
+        // The CLI's own variables are no server keys, and no error either.
+        let clients = [
+            ("REDRIVE_SERVER", "http://127.0.0.1:7070"),
+            ("REDRIVE_TOKEN", "t"),
+            ("REDRIVE_IMPORT_FROM", "mysql://root@127.0.0.1:3306/shop"),
+        ];
+        assert!(load("", &clients).is_ok());
     }
 
     #[test]

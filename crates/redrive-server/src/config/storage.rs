@@ -134,7 +134,11 @@ mod tests {
         assert_eq!(c.storage_kind(), StorageKind::Embedded);
         let c = load("storage_url = \"postgres://root@127.0.0.1/test\"", &[]).unwrap();
         assert!(matches!(c.storage_kind(), StorageKind::Postgres(_)));
-        let c = load("", &[("REDRIVE_STORAGE_URL", "mysql://root@127.0.0.1:3306/app")]).unwrap();
+        let c = load(
+            "",
+            &[("REDRIVE_STORAGE_URL", "mysql://root@127.0.0.1:3306/app")],
+        )
+        .unwrap();
         assert_eq!(
             c.storage_kind(),
             StorageKind::Mysql("mysql://root@127.0.0.1:3306/app".to_owned())

@@ -347,6 +347,62 @@ async fn bad_error_class_is_400() {
     s.stop().await;
 }
 
+/// `failed.attempts` (issue 18): an integer from 1 to 1,000,000, else a 400 naming it; in
+/// a batch, the item too; nothing stored.
+#[tokio::test]
+async fn bad_failed_attempts_is_400_naming_the_field() {
+    let (s, _l) = fixture().await;
+    let before = s.snapshot().await;
+    for bad in [json!(0), json!(-1), json!(1_000_001), json!(i64::MAX)] {
+        check(
+            s.post(
+                "/v1/queues/bad/messages",
+                json!({"payload": 1, "failed": {"class": "transient", "attempts": bad}}),
+            )
+            .await,
+            400,
+            "invalid_attempts",
+            "failed.attempts",
+        );
+    }
+    for bad in [json!(1.5), json!("3"), json!(true), json!([2])] {
+        check(
+            s.post(
+                "/v1/queues/bad/messages",
+                json!({"payload": 1, "failed": {"class": "transient", "attempts": bad}}),
+            )
+            .await,
+            400,
+            "invalid_body",
+            "failed.attempts",
+        );
+    }
+    check(
+        s.post(
+            "/v1/queues/bad/messages",
+            json!({"messages": [{"payload": 1},
+                   {"payload": 2, "failed": {"class": "transient", "attempts": 0}}]}),
+        )
+        .await,
+        400,
+        "invalid_attempts",
+        "messages[1].failed.attempts",
+    );
+    unchanged(&s, &before, "bad failed.attempts").await;
+    // The bounds themselves are taken (2.0 is an integer, as JSON Schema counts them).
+    for good in [json!(1), json!(2.0), json!(1_000_000)] {
+        let (st, m) = s
+            .post(
+                "/v1/queues/bad-ok/messages",
+                json!({"payload": 1, "failed": {"class": "permanent", "attempts": good}}),
+            )
+            .await;
+        assert_eq!(st, 201, "{good}: {m}");
+        assert_eq!(m["attempts"], good.as_f64().unwrap() as u64, "{m}");
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn lease_max_out_of_range_is_400() {
     let (s, _) = fixture().await;

@@ -36,6 +36,12 @@ async fn openapi_states_what_the_server_checks() {
         schemas["NackError"]["properties"]["class"]["enum"],
         json!(["transient", "rate_limited", "permanent"])
     );
+    // A failure reported at publish carries the attempts made elsewhere (issue 18).
+    let attempts = &schemas["FailedReport"]["properties"]["attempts"];
+    assert_eq!(attempts["type"], json!(["integer", "null"]), "{attempts}");
+    assert_eq!(attempts["minimum"], 1, "{attempts}");
+    assert_eq!(attempts["maximum"], 1_000_000, "{attempts}");
+    assert!(attempts["description"].is_string(), "{attempts}");
     let search = op(&d, "/v1/messages", "get");
     let state = search["parameters"]
         .as_array()

@@ -389,6 +389,100 @@ async fn failure_reported_at_publish_is_attempt_one() {
     s.stop().await;
 }
 
+/// Issue 18 (`redrive import`): `failed.attempts` carries the attempts made elsewhere, and a
+/// `deliver_at` beside `failed` is when the retry is due (the policy's 50 ms does not
+/// apply); the policy still ends a message whose budget is spent.
+#[tokio::test]
+async fn failure_at_publish_with_attempts_and_deliver_at_is_due_then() {
+    let s = TestServer::fast("").await;
+    let due = redrive_core::Timestamp::now().plus_ms(3_600_000);
+    let m = s
+        .publish(
+            "imported",
+            json!({"payload": {"o": 1}, "deliver_at": due.to_rfc3339(),
+                   "failed": {"class": "transient", "message": "row 7", "attempts": 2}}),
+        )
+        .await;
+    assert_eq!(m["state"], "scheduled", "{m}");
+    assert_eq!(m["attempts"], 2, "{m}");
+    assert_eq!(ms(&m, "due_at"), due.as_millis(), "due at deliver_at: {m}");
+    let g = s.message(&id_of(&m)).await;
+    let h = &g["history"][0];
+    assert_eq!(h["attempt"], 2, "{g}");
+    assert_eq!(h["event"], "failed", "{g}");
+    assert_eq!(ms(h, "retry_at"), due.as_millis(), "{g}");
+
+    // A deliver_at in the past (or a zero delay) is due now: leased as attempt 3 of 3.
+    for when in [
+        json!({"deliver_at": "2020-01-01T00:00:00Z"}),
+        json!({"delay": "0s"}),
+    ] {
+        let mut body = json!({"payload": 2, "failed": {"class": "transient", "attempts": 2}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(when.as_object().unwrap().clone());
+        let m = s.publish("imported-now", body).await;
+        assert_eq!(m["state"], "ready", "{when}: {m}");
+        let l = s.lease_one("imported-now", "0s").await;
+        assert_eq!(l["id"], m["id"], "{l}");
+        assert_eq!(l["attempt"], 3, "{l}");
+        assert_eq!(l["max_attempts"], 3, "the last try: {l}");
+        s.ack(&id_of(&l), &lease_of(&l)).await;
+    }
+
+    // Out of attempts by the queue's policy (3): dead at once, whatever deliver_at says.
+    let m = s
+        .publish(
+            "imported",
+            json!({"payload": 3, "deliver_at": due.to_rfc3339(),
+                   "failed": {"class": "transient", "attempts": 3}}),
+        )
+        .await;
+    assert_eq!(m["state"], "dead", "{m}");
+    assert_eq!(m["dead_reason"], "max_attempts", "{m}");
+    assert_eq!(m["attempts"], 3, "{m}");
+    // Without deliver_at the policy's delay applies, as before.
+    let m = s
+        .publish(
+            "imported",
+            json!({"payload": 4, "failed": {"class": "transient", "attempts": 1}}),
+        )
+        .await;
+    assert_eq!(ms(&m, "due_at") - ms(&m, "created_at"), 50, "{m}");
+    assert_eq!(m["attempts"], 1, "{m}");
+    s.stop().await;
+}
+
+/// A batch answer says, item by item, which were idempotent replays (`redrive import`
+/// counts what an earlier run already imported).
+#[tokio::test]
+async fn batch_answer_says_which_items_were_replays() {
+    let s = TestServer::fast("").await;
+    s.publish("replays", json!({"payload": 1, "idempotency_key": "a"}))
+        .await;
+    let (st, b) = s
+        .post(
+            "/v1/queues/replays/messages",
+            json!({"messages": [
+                {"payload": 1, "idempotency_key": "a"},
+                {"payload": 2, "idempotency_key": "b"}
+            ]}),
+        )
+        .await;
+    assert_eq!(st, 201, "{b}");
+    assert_eq!(b["replayed"], json!([true, false]), "{b}");
+    let (st, b) = s
+        .post(
+            "/v1/queues/replays/messages",
+            json!({"messages": [{"payload": 2, "idempotency_key": "b"}]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["replayed"], json!([true]), "{b}");
+    assert_eq!(s.counts("replays").await, counts_of(&[("ready", 2)]));
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn permanent_failure_at_publish_is_dead() {
     let s = TestServer::fast("").await;

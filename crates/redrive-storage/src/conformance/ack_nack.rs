@@ -1323,3 +1323,89 @@ pub async fn failed_publish_counts_attempts_made_elsewhere<S: Store>(s: Arc<S>) 
     assert_eq!(p.state, State::Dead);
     assert_eq!(p.dead_reason, Some(DeadReason::MaxAttempts));
 }
+
+/// A failure reported at publish with `deliver_at` (an import of a retry table's
+/// `next_retry_at`): the caller timed the next try, so a retry is due exactly then (now
+/// when that is past), with the attempts made elsewhere counted; the policy still ends the
+/// message when the budget is spent, the failure is permanent or the time falls past
+/// `max_age`.
+pub async fn failed_publish_with_deliver_at_is_due_then<S: Store>(s: Arc<S>) {
+    let timed = |queue: &str, class: ErrorClass, before: u32, due: i64| NewMessage {
+        failed: Some(failure(class, "imported")),
+        attempts_before: before,
+        deliver_at: Some(at(due)),
+        ..msg(queue, json!({ "due": due, "before": before }))
+    };
+    // Attempt 2 of 3 failed elsewhere; the next try is at +5 s, not after the policy's 1 s.
+    let mut out = s
+        .publish(vec![timed(Q, ErrorClass::Transient, 1, 5_000)], Some(at(0)))
+        .await
+        .expect("publish");
+    let p = out.remove(0);
+    let m = &p.message;
+    assert_eq!(m.state, State::Scheduled);
+    assert_eq!(m.due_at, Some(at(5_000)), "due at deliver_at");
+    assert_eq!(m.attempts, 2, "attempts made elsewhere are counted");
+    let outcome = p.failure.expect("the policy's decision is reported");
+    assert_eq!(outcome.retry_delay_ms, Some(5_000));
+    assert_eq!(outcome.dead_reason, None);
+    let got = get(&*s, m.id).await;
+    assert_eq!(failures(&got), vec![(2, None)]);
+    match &got.history[0].event {
+        HistoryEvent::Failed {
+            retry_at, delay_ms, ..
+        } => {
+            assert_eq!(*retry_at, Some(at(5_000)), "the history says when");
+            assert_eq!(*delay_ms, Some(5_000));
+        }
+        other => panic!("the reported failure's entry is {other:?}"),
+    }
+    // Not before deliver_at, then it is the last try of the budget.
+    tick(&*s, at(4_999)).await;
+    assert!(lease(&*s, Q, 10, 30_000, at(4_999)).await.is_empty());
+    tick(&*s, at(5_000)).await;
+    let l = lease_one(&*s, Q, m.id, 30_000, at(5_000)).await;
+    assert_eq!(l.attempt, 3);
+    assert_eq!(l.max_attempts, MAX_ATTEMPTS, "the last try");
+    ack(&*s, m.id, &l.token, at(5_001)).await.expect("ack");
+
+    // A deliver_at in the past is due now.
+    let past = publish(&*s, timed(OTHER, ErrorClass::Transient, 0, -60_000), at(0)).await;
+    assert_eq!(past.state, State::Ready);
+    assert_eq!(past.due_at, Some(at(0)));
+    assert_eq!(past.attempts, 1);
+
+    // The policy still ends it: budget spent, permanent, past max_age.
+    let spent = publish(
+        &*s,
+        timed(Q, ErrorClass::Transient, MAX_ATTEMPTS - 1, 5_000),
+        at(0),
+    )
+    .await;
+    assert_eq!(spent.state, State::Dead);
+    assert_eq!(spent.dead_reason, Some(DeadReason::MaxAttempts));
+    assert_eq!(spent.attempts, MAX_ATTEMPTS);
+    let permanent = publish(&*s, timed(Q, ErrorClass::Permanent, 4, 5_000), at(0)).await;
+    assert_eq!(permanent.state, State::Dead);
+    assert_eq!(permanent.dead_reason, Some(DeadReason::PermanentError));
+    assert_eq!(permanent.attempts, 5);
+    // SHORT_AGE's window is 1.5 s from the publish: +1.4 s is in it, +2 s is not.
+    let inside = publish(
+        &*s,
+        timed(SHORT_AGE, ErrorClass::Transient, 3, 1_400),
+        at(0),
+    )
+    .await;
+    assert_eq!(inside.state, State::Scheduled);
+    assert_eq!(inside.due_at, Some(at(1_400)));
+    let outside = publish(
+        &*s,
+        timed(SHORT_AGE, ErrorClass::Transient, 3, 2_000),
+        at(0),
+    )
+    .await;
+    assert_eq!(outside.state, State::Dead);
+    assert_eq!(outside.dead_reason, Some(DeadReason::MaxAge));
+    assert_eq!(count(&*s, Q, State::Dead).await, 2);
+    assert_eq!(count(&*s, SHORT_AGE, State::Scheduled).await, 1);
+}

@@ -259,6 +259,7 @@ macro_rules! conformance_tests {
                 returned_until_dead,
                 republished_ack_is_recorded_as_republished,
                 failed_publish_counts_attempts_made_elsewhere,
+                failed_publish_with_deliver_at_is_due_then,
             ],
             operator: [
                 redrive_dead_gives_fresh_budget,

@@ -91,6 +91,16 @@ pub struct DbGuard(pub String);
 
 impl Drop for DbGuard {
     fn drop(&mut self) {
+        // A test that failed may have left a connection in a transaction on its database
+        // (an application's, in `sql_publish.rs`), whose metadata locks the DROP would wait
+        // for: end the connections still using it first.
+        for id in run_blocking(format!(
+            "SELECT CAST(id AS CHAR) FROM information_schema.processlist \
+             WHERE db = '{}' AND id <> CONNECTION_ID()",
+            self.0
+        )) {
+            run_blocking(format!("KILL {id}"));
+        }
         run_blocking(format!("DROP DATABASE IF EXISTS `{}`", self.0));
     }
 }

@@ -168,6 +168,7 @@ pub async fn run(server: &Url, token: Option<&str>, command: Command) -> anyhow:
         Command::Tasks { command } => super::tasks::run(&api, command).await,
         Command::Audit(args) => super::tasks::audit(&api, &args).await,
         Command::Groups(args) => super::groups::run(&api, &args).await,
+        Command::Import(args) => super::import::run(&api, &args).await,
         Command::Serve(_) | Command::Backup(_) | Command::Policy { .. } => {
             anyhow::bail!("internal: not a client command")
         }

@@ -3,6 +3,7 @@
 pub mod backup;
 pub mod client;
 pub mod groups;
+pub mod import;
 pub mod output;
 pub mod policy;
 pub mod serve;

@@ -12,7 +12,7 @@ pub use actions::{
     __path_delete, __path_get, __path_kill, __path_redrive, delete, get, kill, redrive,
 };
 pub use export::{__path_export, export};
-pub use publish::{__path_publish, publish, PublishBatch};
+pub use publish::{__path_publish, publish, PublishBatch, MAX_REPORTED_ATTEMPTS};
 pub(crate) use search::filter_of;
 pub use search::{__path_search, search, SearchQuery, CURSOR_PATTERN, MAX_PAGE};
 

@@ -25,7 +25,15 @@ pub struct FailedReport {
     pub message: Option<String>,
     /// For `rate_limited`: earliest retry, e.g. `"10s"`.
     pub retry_after: Option<String>,
+    /// Attempts already made elsewhere, this failure included (1 to 1,000,000; default 1):
+    /// the message arrives with that many attempts in its count, and the policy's
+    /// `max_attempts` counts them all (a retry table's `fail_times`, an `x-retry-count`).
+    #[serde(default, deserialize_with = "crate::api::contract::opt_integral")]
+    pub attempts: Option<i64>,
 }
+
+/// The largest `failed.attempts`: far above any retry budget, far below `u32::MAX`.
+pub const MAX_REPORTED_ATTEMPTS: i64 = 1_000_000;
 
 /// One message to publish. `payload` is required; `delay` and `deliver_at` exclude each other.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -50,7 +58,10 @@ pub struct PublishItem {
     pub delay: Option<String>,
     /// Deliver at this RFC 3339 time (at most `max_schedule_ahead` from now).
     pub deliver_at: Option<String>,
-    /// A failure seen elsewhere: recorded as attempt 1 and scheduled by the policy.
+    /// A failure seen elsewhere: recorded as attempt `failed.attempts` (default 1) and
+    /// scheduled by the policy — at `deliver_at` (or after `delay`) when one is given, else
+    /// after the policy's delay; dead at once when the policy ends it (permanent, attempts
+    /// spent, past `max_age`).
     pub failed: Option<FailedReport>,
     /// Push delivery: this message's own endpoint (`http://` or `https://`, at most 2048
     /// characters), used instead of the queue's `url`. Only on a push queue with
@@ -188,8 +199,9 @@ fn parse_item(
         }
         (Some(d), None) => {
             let ms = duration_field(&field("delay"), d, Ranges::of(&s.config).ahead)?;
-            // A zero delay is due now by the store's clock (see `release`).
-            (ms > 0).then(|| now.plus_ms(ms))
+            // A zero delay is due now by the store's clock (see `release`); with `failed`
+            // it is still the caller's time for the next try, not the policy's delay.
+            (ms > 0 || item.failed.is_some()).then(|| now.plus_ms(ms))
         }
         (None, Some(t)) => {
             let at = timestamp_field(&field("deliver_at"), t)?;
@@ -206,15 +218,31 @@ fn parse_item(
         }
         (None, None) => None,
     };
-    let failed = match &item.failed {
-        Some(f) => Some(failure(
-            &field("failed"),
-            &f.class,
-            f.message.clone(),
-            f.retry_after.as_deref(),
-            &s.config,
-        )?),
-        None => None,
+    let (failed, attempts_before) = match &item.failed {
+        Some(f) => {
+            let attempts = match f.attempts {
+                None => 1,
+                Some(n @ 1..=MAX_REPORTED_ATTEMPTS) => n as u32,
+                Some(n) => {
+                    return Err(ApiError::bad_request(
+                        "invalid_attempts",
+                        format!(
+                            "{}: {n} is not in 1..={MAX_REPORTED_ATTEMPTS} (attempts made elsewhere, this failure included)",
+                            field("failed.attempts")
+                        ),
+                    ))
+                }
+            };
+            let failure = failure(
+                &field("failed"),
+                &f.class,
+                f.message.clone(),
+                f.retry_after.as_deref(),
+                &s.config,
+            )?;
+            (Some(failure), attempts - 1)
+        }
+        None => (None, 0),
     };
     let headers = item.headers.unwrap_or_default();
     check_headers(&field("headers"), &headers, &s.config)?;
@@ -224,7 +252,7 @@ fn parse_item(
         Some(t) => Some(target_url(&field("target_url"), t, queue, s)?),
     };
     Ok(NewMessage {
-        attempts_before: 0,
+        attempts_before,
         target_url,
         queue: queue.to_owned(),
         payload,
@@ -295,8 +323,8 @@ fn target_url(field: &str, t: String, queue: &str, s: &AppState) -> Result<Strin
     params(("queue" = String, Path, description = "Queue name, [A-Za-z0-9._:-]{1,128}")),
     request_body(content = PublishItem, description = "One message, or {\"messages\": [PublishItem, …]} for a batch"),
     responses(
-        (status = 201, description = "Created: the message, or {\"messages\": [...]}"),
-        (status = 200, description = "Idempotent replay: the original message(s)"),
+        (status = 201, description = "Created: the message, or {\"messages\": [...], \"replayed\": [bool, …]} (`replayed[i]`: item i was an idempotent replay)"),
+        (status = 200, description = "Idempotent replay: the original message(s); for a batch, every item was one"),
         (status = 400, description = "Bad input, naming the field (and item index); on a push queue, `reserved_header` for a header the push request owns", body = ErrorBody),
         (status = 409, description = "Idempotency key reused with a different payload", body = ErrorBody),
         (status = 413, description = "Payload or body too large", body = ErrorBody)))]
@@ -334,8 +362,13 @@ pub async fn publish(
         } else {
             StatusCode::CREATED
         };
+        let replayed: Vec<bool> = out.iter().map(|p| p.replayed).collect();
         let messages: Vec<Message> = out.into_iter().map(|p| p.message).collect();
-        return Ok((status, Json(serde_json::json!({ "messages": messages }))).into_response());
+        return Ok((
+            status,
+            Json(serde_json::json!({ "messages": messages, "replayed": replayed })),
+        )
+            .into_response());
     }
     let item = parse_item(&s, &queue, value, "", now)?;
     let mut out = s.engine.publish(vec![item]).await?;
