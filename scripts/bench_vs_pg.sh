@@ -9,10 +9,15 @@
 #   ROUNDS=1 MESSAGES=5000 scripts/bench_vs_pg.sh     # a quick check
 #   SHAPES="16x100" PUBLISHERS=8 scripts/bench_vs_pg.sh
 #   SYSTEMS="redrive-pg pg" scripts/bench_vs_pg.sh    # redrive on PostgreSQL against the peer
+#   SYSTEMS="redrive-mysql mysql" scripts/bench_vs_pg.sh   # redrive on MariaDB against its peer
 #
 # SYSTEMS    what runs, in this order each round (default "redrive redrive-pg pg"): redrive on its
 #            embedded store, redrive on PostgreSQL (--storage-url PG_URL, a fresh schema per run,
-#            dropped after), the bare SKIP LOCKED peer. For the two on PostgreSQL each run also
+#            dropped after), the bare SKIP LOCKED peer; also redrive-mysql (redrive on MySQL /
+#            MariaDB, --storage-url MYSQL_URL's server, a fresh database per run, dropped after)
+#            and mysql (the bare MySQL SKIP LOCKED peer, READ COMMITTED, `redrive-bench --mysql`),
+#            each with its deadlock (1213) retries per 10,000 messages (redrive's from
+#            redrive_mysql_deadlock_retries_total). For the two on PostgreSQL each run also
 #            reports, per retry cycle (one message published, leased, nacked, leased again and
 #            acked): the database's commits (pg_stat_database.xact_commit), the cluster's WAL
 #            bytes (pg_current_wal_lsn), and the dead tuples the run made (n_tup_upd + n_tup_del
@@ -29,6 +34,8 @@
 #            dir, the zero-delay bench-retry policy of scripts/bench.sh) and then PostgreSQL
 #            (a TRUNCATEd table, after a CHECKPOINT), so slow drifts of a shared machine hit both.
 # PG_URL     default postgres://root@127.0.0.1:5432/test
+# MYSQL_URL  default mysql://root@127.0.0.1:3306/test (the peer's table is made there; redrive's
+#            databases on the same server)
 # PORT       redrive's port (default 7079)
 #
 # Output: one line per run, then per shape: redrive median [min–max], PostgreSQL median
@@ -43,6 +50,8 @@ PUBLISHERS=${PUBLISHERS:-4}
 PUBLISH_BATCH=${PUBLISH_BATCH:-100}
 ROUNDS=${ROUNDS:-3}
 PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
+MYSQL_URL=${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
+MYSQL_SERVER=${MYSQL_URL%/*}
 PORT=${PORT:-7079}
 
 for shape in $SHAPES; do
@@ -55,6 +64,16 @@ done
 # shellcheck source=bench_server.sh
 source scripts/bench_server.sh
 pg() { psql "$PG_URL" -XAtqc "$1"; }
+uses_mysql() { [[ " $SYSTEMS " == *" mysql "* || " $SYSTEMS " == *" redrive-mysql "* ]]; }
+# The mysql client on MYSQL_URL's server (mysql://user[:pw]@host[:port]/db).
+my() {
+  local rest=${MYSQL_URL#mysql://} auth host port
+  rest=${rest%%/*}
+  if [[ $rest == *@* ]]; then auth=${rest%@*}; rest=${rest##*@}; else auth=root; fi
+  host=${rest%%:*}; port=3306; [[ $rest == *:* ]] && port=${rest##*:}
+  local user=${auth%%:*} pw=""; [[ $auth == *:* ]] && pw=${auth#*:}
+  mysql -h "$host" -P "$port" -u "$user" ${pw:+-p"$pw"} -N -B -e "$1"
+}
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) (the machine may be shared: figures are indicative)"
@@ -72,6 +91,9 @@ echo "PostgreSQL settings: $(pg "SELECT string_agg(name || ' = ' || setting || c
 echo "  (the bench sets synchronous_commit = on on each of its connections)"
 echo "data: redrive in $WORK ($(df --output=source,fstype "$WORK" | tail -1 | tr -s ' ')), PostgreSQL in \
 $(pg 'SHOW data_directory' 2>/dev/null || echo '?') ($(df --output=source,fstype "$(pg 'SHOW data_directory' 2>/dev/null || echo /)" 2>/dev/null | tail -1 | tr -s ' '))"
+if uses_mysql; then
+  echo "MySQL: $(my 'SELECT VERSION()'), $(my "SELECT CONCAT('innodb_flush_log_at_trx_commit = ', @@innodb_flush_log_at_trx_commit, ', sync_binlog = ', @@sync_binlog, ', log_bin = ', @@log_bin, ', innodb_buffer_pool_size = ', @@innodb_buffer_pool_size)")"
+fi
 echo "publishers: $PUBLISHERS on both sides, $PUBLISH_BATCH messages per publish request; rounds: $ROUNDS; payload: the bench's default (64 bytes)"
 echo
 
@@ -119,6 +141,23 @@ run() {
     stop
     target=redrive-pg
     ;;
+  redrive-mysql)
+    local db="redrive_bench_${shape}_$round"
+    my "DROP DATABASE IF EXISTS $db; CREATE DATABASE $db" >/dev/null
+    start "$WORK/data-unused" "$MYSQL_SERVER/$db"
+    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    local deadlocks
+    deadlocks=$(curl -s "$SERVER/metrics" | awk '/^redrive_mysql_deadlock_retries_total/ {print $2}')
+    echo "$shape $system ${deadlocks:-0} $messages" >>"$WORK/deadlocks.txt"
+    stop
+    my "DROP DATABASE IF EXISTS $db" >/dev/null
+    target=redrive-mysql
+    ;;
+  mysql)
+    "$BENCH" --mysql "$MYSQL_URL" "${common[@]}" >"$out" 2>"$out.err" || true
+    echo "$shape $system $(jq -r '.deadlock_retries // 0' "$out" 2>/dev/null || echo 0) $messages" >>"$WORK/deadlocks.txt"
+    target=MySQL
+    ;;
   pg)
     pg CHECKPOINT >/dev/null
     tables="relname = 'redrive_bench_jobs'"
@@ -145,7 +184,7 @@ run() {
   line=$(jq -r 'def r1: if . == null then "n/a" else (. * 10 | round / 10) end;
       [(.messages_per_s | round), (.end_to_end_latency.p50_ms | r1), (.end_to_end_latency.p99_ms | r1),
        (.elapsed_s | r1), (.errors | to_entries | map(.value.count) | add // 0),
-       ((.commits.commits_per_second // .pg_wal_syncs_per_s) | if . == null then "n/a" else round end)]
+       ((.commits.commits_per_second // .pg_wal_syncs_per_s // .mysql_fsyncs_per_s) | if . == null then "n/a" else round end)]
       | @tsv' "$out")
   local rate p50 p99 elapsed errors syncs
   IFS=$'\t' read -r rate p50 p99 elapsed errors syncs <<<"$line"
@@ -176,12 +215,15 @@ done
 
 echo
 echo "full retry cycles per second (median [min–max] of the complete runs):"
-python3 - "$WORK/results.tsv" "$SHAPES" <<'PY'
+python3 - "$WORK/results.tsv" "$SHAPES" "$SYSTEMS" <<'PY'
 import sys
 from statistics import median
 
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 shapes = sys.argv[2].split()
+systems = sys.argv[3].split()
+names = {"redrive": "redrive", "redrive-pg": "redrive on PostgreSQL", "pg": "PostgreSQL SKIP LOCKED",
+         "redrive-mysql": "redrive on MySQL", "mysql": "MySQL SKIP LOCKED"}
 
 def fig(values):
     if not values:
@@ -192,15 +234,29 @@ def fig(values):
 def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "n/a"
 
-print(f"{'shape':<8} {'redrive':<30} {'redrive on PostgreSQL':<30} {'PostgreSQL SKIP LOCKED':<30} "
-      "redrive/PG  redrive-on-PG/PG")
+# Each redrive against the peer of its database (the embedded one against both peers).
+pairs = [(r, p) for r, p in (("redrive", "pg"), ("redrive-pg", "pg"), ("redrive", "mysql"),
+                             ("redrive-mysql", "mysql")) if r in systems and p in systems]
+print(f"{'shape':<8} " + " ".join(f"{names[s]:<30}" for s in systems) + " " +
+      " ".join(f"{r}/{p:<6}" for r, p in pairs))
 for shape in shapes:
-    figs = {}
-    for system in ("redrive", "redrive-pg", "pg"):
-        figs[system] = fig([float(r[2]) for r in rows if r[0] == shape and r[1] == system])
-    print(f"{shape:<8} {figs['redrive'][0]:<30} {figs['redrive-pg'][0]:<30} {figs['pg'][0]:<30} "
-          f"{ratio(figs['redrive'][1], figs['pg'][1]):<11} {ratio(figs['redrive-pg'][1], figs['pg'][1])}")
+    figs = {s: fig([float(r[2]) for r in rows if r[0] == shape and r[1] == s]) for s in systems}
+    print(f"{shape:<8} " + " ".join(f"{figs[s][0]:<30}" for s in systems) + " " +
+          " ".join(f"{ratio(figs[r][1], figs[p][1]):<{len(r) + len(p) + 7}}" for r, p in pairs))
 PY
+if [ -s "$WORK/deadlocks.txt" ]; then
+  echo
+  echo "deadlock (1213) retries per 10,000 messages (median of the rounds):"
+  python3 - "$WORK/deadlocks.txt" <<'PY'
+import sys
+from statistics import median
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+for key in dict.fromkeys((r[0], r[1]) for r in rows):
+    sel = [float(r[2]) * 10_000 / float(r[3]) for r in rows if (r[0], r[1]) == key]
+    name = {"redrive-mysql": "redrive on MySQL", "mysql": "MySQL SKIP LOCKED"}[key[1]]
+    print(f"{key[0]:<8} {name:<20} {median(sel):8.2f}  (runs: {', '.join(f'{x:.2f}' for x in sel)})")
+PY
+fi
 if [ -s "$WORK/costs.txt" ]; then
   echo
   echo "PostgreSQL's work per retry cycle (median of the rounds): commits, WAL bytes, dead tuples"

@@ -20,7 +20,8 @@
 //! One file per family of workloads: [`publish`] (publish, publish-batch,
 //! scheduled), [`cycle`] (cycle, retry-cycle), [`delayed`]. With `--pg URL`,
 //! [`pg`] runs cycle / retry-cycle against the peer users compare redrive with:
-//! a PostgreSQL table consumed with `FOR UPDATE SKIP LOCKED`, same shapes, same report.
+//! a PostgreSQL table consumed with `FOR UPDATE SKIP LOCKED`, same shapes, same report;
+//! with `--mysql URL`, [`mysql`] runs them against the MySQL / MariaDB one.
 //!
 //! Requests go through [`redrive_client::Client`], the typed client the CLI and the
 //! tests use, and failures are its typed errors. On the hot paths (publish, lease,
@@ -33,6 +34,7 @@ mod consumer;
 mod cycle;
 mod delayed;
 mod ladder;
+mod mysql;
 mod pg;
 mod prom;
 mod publish;
@@ -165,6 +167,10 @@ pub struct BenchArgs {
     /// job table, e.g. postgres://root@127.0.0.1:5432/test (see below).
     #[arg(long, value_name = "URL", value_parser = pg::parse_url)]
     pub pg: Option<String>,
+    /// cycle / retry-cycle against MySQL or MariaDB instead of the server: a `SELECT … FOR
+    /// UPDATE SKIP LOCKED` job table, e.g. mysql://root@127.0.0.1:3306/test (see below).
+    #[arg(long, value_name = "URL", value_parser = mysql::parse_url, conflicts_with = "pg")]
+    pub mysql: Option<String>,
     /// storm: messages per second into each of the two queues.
     #[arg(long, default_value_t = 200.0, value_parser = parse_positive)]
     pub storm_rate: f64,
@@ -195,7 +201,7 @@ pub struct BenchArgs {
     /// storm: where the endpoint of queue storm-off listens.
     #[arg(long, default_value = "127.0.0.1:18182")]
     pub storm_off: std::net::SocketAddr,
-    /// --pg: the job table (created if absent, emptied at the start of the run).
+    /// --pg / --mysql: the job table (created if absent, emptied at the start of the run).
     #[arg(long, value_name = "NAME", default_value = pg::DEFAULT_TABLE, value_parser = pg::parse_table)]
     pub pg_table: String,
 }
@@ -264,6 +270,14 @@ table at once.
             sent together)
 An empty claim sleeps 5 ms before the next (redrive's consumers long-poll instead).
 The peer has no lease expiry, rescuer or dead-letter state: a minimal queue.
+
+The MySQL / MariaDB peer (--mysql URL; the same, on the same --pg-table name): every
+connection at READ COMMITTED; one multi-row INSERT per publish batch; a claim is one
+short transaction, SELECT id … ORDER BY run_at, id LIMIT --batch FOR UPDATE SKIP LOCKED
+then UPDATE … WHERE id IN (…) by primary key (no UPDATE … RETURNING on MySQL); fail and
+complete are one UPDATE and one DELETE by primary key, autocommitted. A deadlock (1213) or
+lock wait timeout (1205) is run again after 1–8 ms and counted (deadlock_retries,
+deadlock_retries_per_10k); innodb_flush_log_at_trx_commit and sync_binlog are printed.
 
 Examples:
   redrive serve --data-dir /tmp/rd &
@@ -502,9 +516,12 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
         (None, _) => format!("bench-{run_id}"),
     };
     redrive_core::validate_queue_name(&queue).map_err(|e| usage(format!("--queue: {e}")))?;
-    if args.pg.is_some() && !matches!(args.workload, Workload::Cycle | Workload::RetryCycle) {
+    if (args.pg.is_some() || args.mysql.is_some())
+        && !matches!(args.workload, Workload::Cycle | Workload::RetryCycle)
+    {
         return Err(usage(format!(
-            "--pg runs cycle and retry-cycle only, not {}",
+            "--{} runs cycle and retry-cycle only, not {}",
+            if args.pg.is_some() { "pg" } else { "mysql" },
             args.workload.name()
         )));
     }
@@ -519,6 +536,9 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
 
     if let Some(url) = args.pg.clone() {
         return pg::run(ctx, &args, &url).await;
+    }
+    if let Some(url) = args.mysql.clone() {
+        return mysql::run(ctx, &args, &url).await;
     }
 
     // Preflight: is the server there at all (exit 3 if not)?

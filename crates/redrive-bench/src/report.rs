@@ -54,6 +54,12 @@ impl Report {
         ));
     }
 
+    /// A plain number (two decimals), neither a count nor a rate.
+    pub fn ratio(&mut self, key: &str, label: &str, x: f64) {
+        self.json.insert(key.into(), Value::from(round2(x)));
+        self.lines.push((label.into(), format!("{x:.2}")));
+    }
+
     /// A duration in seconds.
     pub fn secs(&mut self, key: &str, label: &str, secs: f64) {
         self.json.insert(key.into(), Value::from(round2(secs)));
