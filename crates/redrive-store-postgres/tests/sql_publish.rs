@@ -415,5 +415,9 @@ async fn keys_on_an_unordered_queue_do_not_wait_from_sql() {
     }
     tx.commit().await.unwrap();
     let got = store.lease(req(Q), None).await.unwrap();
-    assert_eq!(got.len(), 2, "both messages of key `same` leasable at once: {got:?}");
+    assert_eq!(
+        got.len(),
+        2,
+        "both messages of key `same` leasable at once: {got:?}"
+    );
 }

@@ -1,13 +1,25 @@
-//! The multi-node fault harness (SPEC §13, issue 17 §3): three `redrive serve` nodes on one
-//! PostgreSQL schema under publish / lease / ack-on-another-node / nack load, with faults on
-//! a schedule, then a checker that reads what every client saw.
+//! The multi-node fault harness (SPEC §13, issue 17 §3, issue 18 on MariaDB): three
+//! `redrive serve` nodes on one PostgreSQL schema (or one MariaDB database) under publish /
+//! lease / ack-on-another-node / nack load, with faults on a schedule, then a checker that
+//! reads what every client saw.
+//!
+//! `REDRIVE_CLUSTER_FAULT_STORE` picks the database: `postgres` (the default: the local
+//! cluster, `postgres://root@127.0.0.1:5432/test`) or `mysql` (the local MariaDB,
+//! `mysql://root@127.0.0.1:3306`, no password).
 //!
 //! **Like `pg_faults.rs`, this binary restarts the local PostgreSQL (`pg_ctlcluster`, as
-//! root) and terminates backends: nothing else may use that PostgreSQL while it runs.**
+//! root) and terminates backends: nothing else may use that PostgreSQL while it runs.** On
+//! MariaDB, like `mysql_faults.rs`, it stops and starts the local MariaDB (`mysqladmin
+//! shutdown`, `start-stop-daemon --start --exec /usr/sbin/mariadbd`, as root) and kills
+//! connections, holding the file lock `/tmp/mariadb-faults.lock` for its whole run (run
+//! other MariaDB tests beside it under the same lock: `flock /tmp/mariadb-faults.lock cargo
+//! test …`); MariaDB is up again when it ends, failed or not.
 //!
-//! - **Nodes**: `n0`, `n1`, `n2`, one schema `redrive_cluster_<random>` (dropped at the end),
-//!   heartbeat 200 ms, leadership lease 2 s. `n2` runs with Debian's libfaketime preloaded (`FAKETIME=+5m`,
-//!   package `faketime`): its clock is five minutes ahead for the whole run.
+//! - **Nodes**: `n0`, `n1`, `n2`, one schema `redrive_cluster_<random>` (on MariaDB a
+//!   database of that name; dropped at the end), heartbeat 200 ms, leadership lease 2 s.
+//!   `n2` runs with Debian's libfaketime preloaded (`FAKETIME=+5m`, package `faketime`): its
+//!   clock is five minutes ahead for the whole run (both stores take every transition's
+//!   time from the database's clock, PostgreSQL's `now()`, MySQL's `NOW(3)`).
 //! - **Load** (every request to a node picked at random, the down ones included): producers
 //!   publish to a plain queue (batches of 5) and to a queue with `ordering = "key"` (one
 //!   message per request; each producer owns its keys and numbers their messages, so the
@@ -17,13 +29,15 @@
 //!   expiry before it is settled (a slow consumer: the server must refuse those settles).
 //! - **Faults**, one after another with a few seconds of load between: `kill -9` a node and
 //!   start it again; `SIGSTOP` a node for the lease + 1 s, then `SIGCONT`; restart
-//!   PostgreSQL; terminate every connection of the nodes (`pg_terminate_backend`). The
-//!   skewed node takes its turn like the others.
+//!   PostgreSQL (`pg_ctlcluster restart`; MariaDB: stopped and started); terminate every
+//!   connection of the nodes (`pg_terminate_backend`; MariaDB: `KILL <id>` of every
+//!   connection on the database in `information_schema.processlist`). The skewed node takes
+//!   its turn like the others.
 //! - **Then** the load stops, every node is up, and a drain acks every message (leased on
 //!   one node, acked on another) until every message of both queues is `done`.
 //! - **The checker** ([`check`]) counts, from the clients' own records (times are this
-//!   process's wall clock, the machine's, which is also PostgreSQL's; a node's skewed clock
-//!   never enters):
+//!   process's wall clock, the machine's, which is also the database's; a node's skewed
+//!   clock never enters):
 //!   - acknowledged publishes lost (a 2xx publish whose message is not in the final export);
 //!   - acks answered 200 whose message is not `done` at the end;
 //!   - deliveries after a successful ack (a lease requested after an ack of that message
@@ -52,10 +66,11 @@
 //!
 //! `REDRIVE_CLUSTER_FAULT_SECS` sets how long faults go on (default 45; the long run in
 //! docs/DURABILITY.md used 1800). The figures go to stdout (`-- --nocapture`): `cluster fault
-//! test:`.
+//! test: store=postgres` (or `store=mysql`).
 
 mod common;
 
+use common::mysql::{self as my, ensure_mysql_up, MysqlUp};
 use common::pg::{ensure_pg_up, pg_ctl, psql, PgUp, Schema, PG_URL};
 use common::{cluster_view, free_port, start_wrapped, wait_ready, Node};
 use redrive_client::{
@@ -76,8 +91,8 @@ const SKEW: &str = "+5m";
 const FAKETIME_LIB: &str = "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// Every lease of the load and the drain.
 const LEASE_MS: i64 = 2_000;
-/// Slack for comparing this process's clock with PostgreSQL's (the same machine clock; the
-/// server rounds to milliseconds).
+/// Slack for comparing this process's clock with the database's (the same machine clock;
+/// the server rounds to milliseconds).
 const MARGIN_MS: i64 = 5;
 const PLAIN: &str = "plain";
 const ORDERED: &str = "ordered";
@@ -88,6 +103,66 @@ const PLANTED: bool = cfg!(feature = "planted-bug-early-expiry");
 /// This process's wall clock, ms since the epoch.
 fn wall() -> i64 {
     Timestamp::now().as_millis()
+}
+
+/// The database the three nodes share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Postgres,
+    Mysql,
+}
+
+impl Backend {
+    /// `REDRIVE_CLUSTER_FAULT_STORE`: `postgres` (or unset) or `mysql`.
+    fn from_env() -> Backend {
+        match std::env::var("REDRIVE_CLUSTER_FAULT_STORE").as_deref() {
+            Err(_) | Ok("" | "postgres") => Backend::Postgres,
+            Ok("mysql") => Backend::Mysql,
+            Ok(other) => panic!("REDRIVE_CLUSTER_FAULT_STORE={other}: postgres or mysql"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+        }
+    }
+
+    /// The database up, and what the test holds until it ends: a guard that starts the
+    /// database again (also when the test fails half-way) and, on MariaDB, the fault
+    /// tests' file lock (released after the guard has run).
+    async fn hold(self) -> Held {
+        match self {
+            Backend::Postgres => {
+                ensure_pg_up();
+                Held::Postgres(PgUp)
+            }
+            Backend::Mysql => {
+                let lock = tokio::task::spawn_blocking(my::lock).await.unwrap();
+                ensure_mysql_up();
+                Held::Mysql(
+                    MysqlUp {
+                        prefix: SCHEMA_PREFIX,
+                    },
+                    lock,
+                )
+            }
+        }
+    }
+}
+
+/// See [`Backend::hold`] (fields drop in order: the database up, then the lock released).
+#[allow(dead_code)]
+enum Held {
+    Postgres(PgUp),
+    Mysql(MysqlUp, std::fs::File),
+}
+
+/// Where the nodes keep their store: a PostgreSQL schema, or a MariaDB database.
+enum Place {
+    Postgres(Schema),
+    Mysql(my::Database),
 }
 
 // ---------------------------------------------------------------------------------------
@@ -381,21 +456,26 @@ fn check(h: &History, final_state: &HashMap<String, String>) -> Violations {
 // ---------------------------------------------------------------------------------------
 // The cluster.
 
-/// Three nodes on one schema, on fixed ports (a restarted node comes back on its own).
+/// Three nodes on one schema (or database), on fixed ports (a restarted node comes back on
+/// its own).
 struct Cluster {
-    schema: Schema,
+    /// First: the nodes are killed before their schema is dropped.
+    nodes: Vec<Option<Node>>,
+    place: Place,
     dirs: Vec<tempfile::TempDir>,
     ports: Vec<u16>,
-    nodes: Vec<Option<Node>>,
 }
 
 impl Cluster {
-    fn new() -> Cluster {
+    fn new(backend: Backend) -> Cluster {
         Cluster {
-            schema: Schema::fresh(SCHEMA_PREFIX),
+            nodes: (0..NODES).map(|_| None).collect(),
+            place: match backend {
+                Backend::Postgres => Place::Postgres(Schema::fresh(SCHEMA_PREFIX)),
+                Backend::Mysql => Place::Mysql(my::Database::fresh(SCHEMA_PREFIX)),
+            },
             dirs: (0..NODES).map(|_| tempfile::tempdir().unwrap()).collect(),
             ports: (0..NODES).map(|_| free_port()).collect(),
-            nodes: (0..NODES).map(|_| None).collect(),
         }
     }
 
@@ -405,16 +485,22 @@ impl Cluster {
 
     /// Start node `i` (the skewed one under `faketime`) and wait until it is ready.
     async fn start(&mut self, i: usize, client: &reqwest::Client) {
-        let schema = &self.schema.0;
+        let (storage, url) = match &self.place {
+            // Its connections carry the schema's name, for `pg_terminate_backend`.
+            Place::Postgres(schema) => (
+                format!("storage_schema = \"{}\"\n", schema.0),
+                format!("{PG_URL}?application_name={}", schema.0),
+            ),
+            // Its connections are those on its database, for `KILL`.
+            Place::Mysql(db) => (String::new(), db.url()),
+        };
         let config = format!(
-            "storage_schema = \"{schema}\"\n\
+            "{storage}\
              [cluster]\nnode = \"n{i}\"\nheartbeat_interval = \"200ms\"\nleader_lease = \"2s\"\n\
              [queues.{PLAIN}.retry]\nbackoff = \"fixed\"\ninitial_delay = \"0s\"\njitter = \"none\"\nmax_attempts = 1000000\n\
              [queues.{ORDERED}]\nordering = \"key\"\n\
              [queues.{ORDERED}.retry]\nbackoff = \"fixed\"\ninitial_delay = \"0s\"\njitter = \"none\"\nmax_attempts = 1000000\n"
         );
-        // Its connections carry the schema's name, for `pg_terminate_backend`.
-        let url = format!("{PG_URL}?application_name={schema}");
         // libfaketime preloaded by `env`, which execs the binary: the node's pid is the
         // server's own (the `faketime` front end forks, and a signal to it would miss).
         let preload = format!("FAKETIME={SKEW}");
@@ -443,7 +529,7 @@ impl Cluster {
     /// What every node's log says, read once: the lines no fault explains, each prefixed
     /// with its node (a store error answered 500, `storage backend error`; a panic, of a
     /// request or of a background service; errors a fault causes, such as a failed tick
-    /// while PostgreSQL is down, are not among them), and how many transactions the store
+    /// while the database is down, are not among them), and how many transactions the store
     /// gave up after conflicts (answered 503: not a violation, a sign of contention).
     fn read_logs(&self) -> (Vec<String>, usize) {
         let (mut unexplained, mut give_ups) = (Vec::new(), 0);
@@ -757,26 +843,43 @@ enum Fault {
     Kill(usize),
     /// `SIGSTOP` node i for the lease + 1 s, then `SIGCONT`.
     Stop(usize),
-    /// `pg_ctlcluster restart`.
-    PgRestart,
-    /// `pg_terminate_backend` on every connection of the nodes.
+    /// `pg_ctlcluster restart` (MariaDB: `mysqladmin shutdown`, then started again).
+    DbRestart,
+    /// `pg_terminate_backend` on every connection of the nodes (MariaDB: `KILL <id>`).
     Terminate,
 }
 
-/// The n-th fault of the schedule: kill, stop, PostgreSQL restart, terminate, with the
+/// The n-th fault of the schedule: kill, stop, database restart, terminate, with the
 /// node of each kill and stop moving on every round.
 fn fault(n: usize) -> Fault {
     let round = n / 4;
     match n % 4 {
         0 => Fault::Kill(round % NODES),
         1 => Fault::Stop((round + 1) % NODES),
-        2 => Fault::PgRestart,
+        2 => Fault::DbRestart,
         _ => Fault::Terminate,
     }
 }
 
-/// Inject `f`; back to a whole cluster when this returns. What it took, for the figures.
-async fn inject(f: Fault, cluster: &mut Cluster, client: &reqwest::Client) -> String {
+/// Inject `f`; back to a whole cluster when this returns. Its kind and what it took, for
+/// the figures.
+async fn inject(
+    f: Fault,
+    cluster: &mut Cluster,
+    client: &reqwest::Client,
+) -> (&'static str, String) {
+    let kind = match (f, &cluster.place) {
+        (Fault::Kill(_), _) => "kill",
+        (Fault::Stop(_), _) => "stop",
+        (Fault::DbRestart, Place::Postgres(_)) => "postgres",
+        (Fault::DbRestart, Place::Mysql(_)) => "mariadb",
+        (Fault::Terminate, Place::Postgres(_)) => "terminate",
+        (Fault::Terminate, Place::Mysql(_)) => "kill_connections",
+    };
+    (kind, inject_fault(f, cluster, client).await)
+}
+
+async fn inject_fault(f: Fault, cluster: &mut Cluster, client: &reqwest::Client) -> String {
     let t = Instant::now();
     match f {
         Fault::Kill(i) => {
@@ -792,32 +895,47 @@ async fn inject(f: Fault, cluster: &mut Cluster, client: &reqwest::Client) -> St
             cluster.signal(i, "-CONT");
             format!("stop n{i} for {} ms", t.elapsed().as_millis())
         }
-        Fault::PgRestart => {
-            let ok = tokio::task::spawn_blocking(|| pg_ctl("restart"))
-                .await
-                .unwrap();
-            assert!(ok, "pg_ctlcluster restart");
-            format!("postgres restart ({} ms)", t.elapsed().as_millis())
-        }
-        Fault::Terminate => {
-            let sql = format!(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE application_name = '{}'",
-                cluster.schema.0
-            );
-            let n = tokio::task::spawn_blocking(move || psql(&[&sql]))
-                .await
-                .unwrap()
-                .expect("pg_terminate_backend");
-            format!("{n} connections terminated")
-        }
+        Fault::DbRestart => match &cluster.place {
+            Place::Postgres(_) => {
+                let ok = tokio::task::spawn_blocking(|| pg_ctl("restart"))
+                    .await
+                    .unwrap();
+                assert!(ok, "pg_ctlcluster restart");
+                format!("postgres restart ({} ms)", t.elapsed().as_millis())
+            }
+            Place::Mysql(_) => {
+                let ok = tokio::task::spawn_blocking(my::mysql_restart)
+                    .await
+                    .unwrap();
+                assert!(ok, "MariaDB stopped and started again");
+                format!("mariadb restart ({} ms)", t.elapsed().as_millis())
+            }
+        },
+        Fault::Terminate => match &cluster.place {
+            Place::Postgres(schema) => {
+                let sql = format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = '{}'",
+                    schema.0
+                );
+                let n = tokio::task::spawn_blocking(move || psql(&[&sql]))
+                    .await
+                    .unwrap()
+                    .expect("pg_terminate_backend");
+                format!("{n} connections terminated")
+            }
+            Place::Mysql(db) => {
+                let n = db.kill_connections();
+                format!("{n} connections killed")
+            }
+        },
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_under_faults_lose_nothing() {
-    ensure_pg_up();
-    let _up = PgUp;
+    let backend = Backend::from_env();
+    let _held = backend.hold().await;
     let secs: u64 = std::env::var("REDRIVE_CLUSTER_FAULT_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -826,7 +944,7 @@ async fn three_nodes_under_faults_lose_nothing() {
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let mut cluster = Cluster::new();
+    let mut cluster = Cluster::new(backend);
     for i in 0..NODES {
         cluster.start(i, &client).await;
     }
@@ -963,18 +1081,14 @@ async fn three_nodes_under_faults_lose_nothing() {
         by_node[s.node].1 += 1;
     }
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for f in &done {
-        let kind = f
-            .split(' ')
-            .nth(1)
-            .filter(|w| *w == "connections")
-            .map_or_else(|| f.split(' ').next().unwrap_or(""), |_| "terminate");
+    for (kind, _) in &done {
         *kinds.entry(kind).or_default() += 1;
     }
     println!(
-        "cluster fault test: nodes={NODES} (n{SKEWED} at {SKEW}) faulted_ms={faulted_ms} faults={} {kinds:?} \
+        "cluster fault test: store={} nodes={NODES} (n{SKEWED} at {SKEW}) faulted_ms={faulted_ms} faults={} {kinds:?} \
          requests={} published={} deliveries={} acks_ok={acks_ok} no_answer={} unavailable_503={} \
          lease_conflicts_409={} (delivered, settled) by node={by_node:?} drain_ms={drain_ms} messages={} planted_bug={PLANTED} violations: {}",
+        backend.name(),
         done.len(),
         h.requests,
         h.published.len(),
@@ -985,7 +1099,7 @@ async fn three_nodes_under_faults_lose_nothing() {
         final_state.len(),
         v.counts(),
     );
-    for f in &done {
+    for (_, f) in &done {
         println!("  fault: {f}");
     }
     for e in &v.examples {

@@ -1,9 +1,12 @@
 //! Helpers shared by the binary's integration tests: start `redrive serve` on a free
 //! loopback port with a config, and wait until it is ready. `load` is the crash tests'
-//! publish / lease / ack load and its ledger.
+//! publish / lease / ack load and its ledger; `faults` the fault tests of a shared store
+//! (`pg_faults.rs`, `mysql_faults.rs`); `pg` and `mysql` the local PostgreSQL and MariaDB.
 #![allow(dead_code)]
 
+pub mod faults;
 pub mod load;
+pub mod mysql;
 pub mod pg;
 
 use std::path::Path;
@@ -109,6 +112,8 @@ pub fn start_wrapped(
         .env_remove("REDRIVE_CRASH_CYCLES")
         .env_remove("REDRIVE_POWER_CUT_CYCLES")
         .env_remove("REDRIVE_PG_CRASH_CYCLES")
+        .env_remove("REDRIVE_MYSQL_CRASH_CYCLES")
+        .env_remove("REDRIVE_CLUSTER_FAULT_STORE")
         .env_remove("REDRIVE_CLUSTER_FAULT_SECS")
         .env_remove("REDRIVE_TEST_BIN")
         .env_remove("REDRIVE_TASK_CRASH_MESSAGES")

@@ -1,0 +1,116 @@
+//! Fault tests of the real binary with its store on MariaDB (the local server,
+//! `mysql://root@127.0.0.1:3306`, no password; each test on a fresh database
+//! `redrive_fault_<random>`, created and dropped with the `mysql` client).
+//!
+//! **This test binary stops and starts the local MariaDB (`mysqladmin shutdown`, then
+//! `start-stop-daemon --start --exec /usr/sbin/mariadbd` as `.ci/run` starts it, so it runs
+//! as root) and kills connections.** Each test holds the file lock
+//! `/tmp/mariadb-faults.lock` (`flock(2)`, `common/mysql.rs::lock`) for its whole run, so
+//! none of them disturbs another, in this process or in another that takes it (the cluster
+//! harness on MariaDB does, `cluster_faults.rs`); nothing else may use that MariaDB while
+//! it runs (`cargo test` runs test binaries one after another; run by hand beside other
+//! MariaDB tests, serialise with them on the same lock, e.g. `flock
+//! /tmp/mariadb-faults.lock cargo test -p redrive-store-mysql`). A test that stopped
+//! MariaDB starts it again when it ends, failed or not (`MysqlUp`: if MariaDB then crashes
+//! at start, as 10.11.19 can after a restart, see docs/DURABILITY.md, it drops this binary's
+//! databases with purge off and starts it again).
+//!
+//! - `kill_9_on_mysql_loses_nothing`: `crash.rs`'s kill -9 test on MariaDB: under publish /
+//!   lease / ack / nack load, `kill -9` the server at random moments and restart it on the
+//!   same database. Acknowledged publishes lost, acked messages not done and acked messages
+//!   delivered again must all be 0. `REDRIVE_MYSQL_CRASH_CYCLES` sets the number of cycles
+//!   (default 20).
+//! - `mysql_restart_mid_load`: MariaDB stopped under load, kept down a few seconds, started
+//!   again. While it is down every request answers 503 `store_unavailable` and so, within
+//!   the health probe's interval, does `/readyz`; once it is back the same process serves
+//!   again by itself, and nothing answered 2xx is lost.
+//! - `mysql_connections_killed_mid_load`: the server's connections (those on its database
+//!   in `information_schema.processlist`) ended with `KILL <id>` three times under load; the
+//!   server recovers by itself and nothing answered 2xx is lost.
+//!
+//! The tests' bodies are `pg_faults.rs`'s (`common/faults.rs`). The figures go to stdout
+//! (`-- --nocapture`): `mysql crash test:`, `mysql restart test:`, `mysql kill test:`.
+
+mod common;
+
+use common::faults::{
+    connections_killed_mid_load, kill_9_test, ready, restart_mid_load, Database, QUEUES,
+};
+use common::mysql::{self as my, ensure_mysql_up, MysqlUp};
+use common::{free_port, start_with, Node};
+use std::path::Path;
+
+/// Every test database of this binary is `redrive_fault_<random>`.
+const DATABASE_PREFIX: &str = "redrive_fault";
+
+/// `redrive serve` with its store in database `db`.
+fn start_mysql(dir: &Path, port: u16, db: &my::Database) -> Node {
+    start_with(
+        dir,
+        &dir.join("data"),
+        port,
+        QUEUES,
+        &["--storage-url", &db.url()],
+    )
+}
+
+/// The local MariaDB, stopped with `mysqladmin shutdown` and started as `.ci/run` does.
+const MARIADB: Database = Database {
+    name: "MariaDB",
+    start_command: "start-stop-daemon --start mariadbd",
+    stop: my::mysql_stop,
+    start: my::mysql_start,
+    accepts: my::mysql_ready,
+};
+
+/// The fault tests' lock ([`my::lock`]), waited for off the runtime's threads.
+async fn lock() -> std::fs::File {
+    tokio::task::spawn_blocking(my::lock).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_on_mysql_loses_nothing() {
+    let _lock = lock().await;
+    ensure_mysql_up();
+    let cycles: u32 = std::env::var("REDRIVE_MYSQL_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let db = my::Database::fresh(DATABASE_PREFIX);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    kill_9_test("mysql crash test", cycles, || {
+        start_mysql(dir.path(), port, &db)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_restart_mid_load() {
+    let _lock = lock().await;
+    ensure_mysql_up();
+    let db = my::Database::fresh(DATABASE_PREFIX);
+    let dir = tempfile::tempdir().unwrap();
+    let _up = MysqlUp {
+        prefix: DATABASE_PREFIX,
+    };
+    let node = ready(start_mysql(dir.path(), free_port(), &db)).await;
+    restart_mid_load("mysql restart test", &MARIADB, node).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_connections_killed_mid_load() {
+    let _lock = lock().await;
+    ensure_mysql_up();
+    let db = my::Database::fresh(DATABASE_PREFIX);
+    let dir = tempfile::tempdir().unwrap();
+    let node = ready(start_mysql(dir.path(), free_port(), &db)).await;
+    connections_killed_mid_load(
+        "mysql kill test",
+        "killed",
+        node,
+        || db.kill_connections(),
+        || db.connection_ids().len() as u64,
+    )
+    .await;
+}
