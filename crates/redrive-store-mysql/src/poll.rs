@@ -13,7 +13,9 @@
 //! long poll re-checks its queue every second anyway (`Notifier::recheck`). The poller also
 //! keeps the wake hint at most 1 s ahead, so that every node ticks at least once a second:
 //! a message scheduled, or a lease taken, on another node is promoted or expired within a
-//! second of its time.
+//! second of its time. That second is counted on the database's clock, which the poll reads
+//! (the wake hint is a time of the store's clock, which a node whose own clock is minutes
+//! ahead would otherwise push minutes away).
 //!
 //! [`Store::health`]: redrive_storage::Store::health
 
@@ -21,7 +23,6 @@ use crate::error::E;
 use crate::sql::{args, col, query, query_one};
 use crate::Inner;
 use mysql_async::Params;
-use redrive_core::Timestamp;
 use redrive_storage::ReadyNotice;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,17 +33,24 @@ pub async fn newest_rid(c: &mut mysql_async::Conn) -> Result<i64, E> {
     col(&r, 0)
 }
 
-/// One poll: the notices of rows written by others after `after`, and the new cursor.
-async fn poll_once(inner: &Inner, after: i64) -> Result<(Vec<ReadyNotice>, i64), E> {
+/// One poll: the notices of rows written by others after `after`, the new cursor, and
+/// the database's clock (ms).
+async fn poll_once(inner: &Inner, after: i64) -> Result<(Vec<ReadyNotice>, i64, i64), E> {
     let mut c = inner.conn().await?;
-    let top = newest_rid(&mut c).await?;
+    let r = query_one(
+        &mut c,
+        "SELECT COALESCE(MAX(rid), 0), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) FROM ready",
+        Params::Empty,
+    )
+    .await?;
+    let (top, db_now): (i64, i64) = (col(&r, 0)?, col(&r, 1)?);
     if top < after {
         // The counter went back (MariaDB restarts it at the largest row + 1): start again
         // from what there is.
-        return Ok((Vec::new(), top));
+        return Ok((Vec::new(), top, db_now));
     }
     if top == after {
-        return Ok((Vec::new(), after));
+        return Ok((Vec::new(), after, db_now));
     }
     let rows = query(
         &mut c,
@@ -65,21 +73,21 @@ async fn poll_once(inner: &Inner, after: i64) -> Result<(Vec<ReadyNotice>, i64),
             });
         }
     }
-    Ok((notices, newest.max(top.min(newest))))
+    Ok((notices, newest.max(top.min(newest)), db_now))
 }
 
 /// Poll every `every` until the task is aborted (the store closed), from cursor `rid`.
 pub async fn run(inner: Arc<Inner>, every: Duration, mut rid: i64) {
     let mut next_due = tokio::time::Instant::now();
     loop {
-        let now = tokio::time::Instant::now();
-        if now >= next_due {
-            inner.due_elsewhere(Timestamp::now().as_millis() + 1_000);
-            next_due = now + Duration::from_secs(1);
-        }
         let answer = tokio::time::timeout(Duration::from_secs(2), poll_once(&inner, rid)).await;
         let why = match answer {
-            Ok(Ok((notices, cursor))) => {
+            Ok(Ok((notices, cursor, db_now))) => {
+                let now = tokio::time::Instant::now();
+                if now >= next_due {
+                    inner.due_elsewhere(db_now + 1_000);
+                    next_due = now + Duration::from_secs(1);
+                }
                 rid = cursor;
                 for n in notices {
                     let _ = inner.ready_tx.send(n);
