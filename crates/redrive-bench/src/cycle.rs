@@ -383,6 +383,36 @@ fn zero_delay_problem(policy: &RetryPolicy) -> Option<String> {
     }
 }
 
+/// Wait for a peer's publisher and consumer tasks (`--pg`, `--mysql`): their outcomes summed,
+/// with the publishers' time since `started`.
+pub(super) async fn join_tasks(
+    mut publishing: tokio::task::JoinSet<super::publish::PublisherOutcome>,
+    mut consuming: tokio::task::JoinSet<ConsumerOutcome>,
+    started: std::time::Instant,
+) -> (
+    anyhow::Result<(super::publish::PublisherOutcome, std::time::Duration)>,
+    anyhow::Result<ConsumerOutcome>,
+) {
+    let published = async {
+        let mut total = super::publish::PublisherOutcome::default();
+        while let Some(r) = publishing.join_next().await {
+            let o = r.map_err(|e| anyhow::anyhow!("a publisher task failed: {e}"))?;
+            total.latency.merge(o.latency);
+            total.requests += o.requests;
+            total.messages += o.messages;
+        }
+        anyhow::Ok((total, started.elapsed()))
+    };
+    let consumed = async {
+        let mut total = ConsumerOutcome::default();
+        while let Some(r) = consuming.join_next().await {
+            total.merge(r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))?);
+        }
+        anyhow::Ok(total)
+    };
+    tokio::join!(published, consumed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

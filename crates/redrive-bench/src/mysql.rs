@@ -27,7 +27,7 @@
 //! files') is read before and after: the peer's counterpart of redrive's commits (fsyncs)
 //! per second (a server-wide counter: other load on the server shows in it).
 
-use super::cycle::{report_cycle, split, ConsumerOutcome, CycleFigures};
+use super::cycle::{join_tasks, report_cycle, split, ConsumerOutcome, CycleFigures};
 use super::pg::EMPTY_CLAIM_SLEEP;
 use super::publish::PublisherOutcome;
 use super::report::Report;
@@ -278,24 +278,7 @@ pub async fn run(ctx: Arc<Ctx>, args: &BenchArgs, url: &str) -> anyhow::Result<(
             ));
         }
     }
-    let published = async {
-        let mut total = PublisherOutcome::default();
-        while let Some(r) = publishing.join_next().await {
-            let o = r.map_err(|e| anyhow::anyhow!("a publisher task failed: {e}"))?;
-            total.latency.merge(o.latency);
-            total.requests += o.requests;
-            total.messages += o.messages;
-        }
-        anyhow::Ok((total, started.elapsed()))
-    };
-    let consumed = async {
-        let mut total = ConsumerOutcome::default();
-        while let Some(r) = consuming.join_next().await {
-            total.merge(r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))?);
-        }
-        anyhow::Ok(total)
-    };
-    let (published, consumed) = tokio::join!(published, consumed);
+    let (published, consumed) = join_tasks(publishing, consuming, started).await;
     ctx.progress.done.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         t.abort();
