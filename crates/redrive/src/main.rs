@@ -114,7 +114,7 @@ pub enum Command {
 /// `idempotency_window` (default 24h) imports nothing twice; after the window it would.
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// The database holding the table: mysql://user[:password]@host[:port]/database.
+    /// The database holding the table: `mysql://user[:password]@host[:port]/database`.
     #[arg(
         long,
         env = "REDRIVE_IMPORT_FROM",
