@@ -264,19 +264,23 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// send no notice (a NOTIFY per claim would cost every claim's commit), so without it a
 /// node that died would leave its leases unexpired until some write here woke the
 /// scheduler. With it, every node ticks at least once a second, and a dead node's leases
-/// are failed within a second of their expiry (SPEC §13: polling of at most 1 s).
+/// are failed within a second of their expiry (SPEC §13: polling of at most 1 s). That
+/// second is counted on the database's clock, which the probe reads: the wake hint is a
+/// time of the store's clock, and a node whose own clock is minutes ahead would otherwise
+/// put it minutes away (and never expire a killed node's leases).
 async fn probe(inner: Arc<Inner>) {
     loop {
-        let soon = Timestamp::now().as_millis() + PROBE_EVERY.as_millis() as i64;
-        inner.due_elsewhere(soon);
         let answer = tokio::time::timeout(PROBE_EVERY * 2, async {
             let client = inner.pool.get().await.map_err(|e| e.to_string())?;
-            client
-                .simple_query("SELECT 1")
+            sql::resolve_now(&client, None)
                 .await
-                .map_err(|e| e.to_string())
+                .map(|t| t.as_millis())
+                .map_err(|e| e.into_store().to_string())
         })
         .await;
+        if let Ok(Ok(db_now)) = answer {
+            inner.due_elsewhere(db_now + PROBE_EVERY.as_millis() as i64);
+        }
         let why = match answer {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(format!("PostgreSQL does not answer: {e}")),

@@ -40,15 +40,12 @@
 mod common;
 
 use common::faults::{
-    connections_killed_mid_load, http_client, kill_9_test, ready, restart_mid_load, Database,
-    QUEUE, QUEUES,
+    connections_killed_mid_load, kill_9_test, node_ahead_expires_leases, ready, restart_mid_load,
+    Database, QUEUES, SKEW_CLUSTER,
 };
 use common::mysql::{self as my, ensure_mysql_up, MysqlUp};
-use common::{free_port, start_with, start_wrapped, wait_ready, Node};
-use redrive_client::{Client, LeaseRequest, Publish};
-use serde_json::json;
+use common::{free_port, start_with, start_wrapped, Node};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 /// Every test database of this binary is `redrive_fault_<random>`.
 const DATABASE_PREFIX: &str = "redrive_fault";
@@ -126,19 +123,17 @@ async fn mysql_connections_killed_mid_load() {
 }
 
 /// A leased message of a killed node comes back through a node whose clock is five minutes
-/// ahead within its lease + 1 s. Figures: `mysql skew test:`.
+/// ahead within its lease + 1 s (`faults::node_ahead_expires_leases`). Figures: `mysql skew
+/// test:`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_ahead_expires_a_killed_nodes_leases() {
-    const LEASE_MS: u64 = 2_000;
     let _lock = lock().await;
     ensure_mysql_up();
     let db = my::Database::fresh(DATABASE_PREFIX);
-    let client = http_client();
-    let config =
-        format!("[cluster]\nheartbeat_interval = \"200ms\"\nleader_lease = \"2s\"\n{QUEUES}");
+    let config = format!("{SKEW_CLUSTER}{QUEUES}");
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let url = db.url();
-    let start = |i: usize, wrapper: &[&str]| {
+    node_ahead_expires_leases("mysql skew test", |i, wrapper| {
         let dir = dirs[i].path();
         start_wrapped(
             wrapper,
@@ -149,75 +144,6 @@ async fn a_node_ahead_expires_a_killed_nodes_leases() {
             &["--storage-url", &url],
             None,
         )
-    };
-    let mut on_time = start(0, &[]);
-    let mut ahead = start(
-        1,
-        &[
-            "env",
-            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-            "FAKETIME=+5m",
-        ],
-    );
-    assert!(
-        wait_ready(&client, &mut on_time).await,
-        "a node did not start"
-    );
-    assert!(
-        wait_ready(&client, &mut ahead).await,
-        "the node ahead did not start"
-    );
-    // Both nodes beat, and the node ahead has measured its offset to the database.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let api = |node: &Node| Client::with_http(&node.base, client.clone()).expect("a server URL");
-    let items: Vec<Publish> = (0..5).map(|i| Publish::new(json!({ "i": i }))).collect();
-    api(&on_time)
-        .publish_batch(QUEUE, &items)
-        .await
-        .expect("publish");
-    let leased = api(&on_time)
-        .lease(
-            QUEUE,
-            &LeaseRequest {
-                max: Some(5),
-                lease: Some(format!("{LEASE_MS}ms")),
-                wait: None,
-            },
-        )
-        .await
-        .expect("lease");
-    assert_eq!(leased.len(), 5);
-    let killed = Instant::now();
-    on_time.child.kill().unwrap();
-    on_time.child.wait().unwrap();
-    let mut again = std::collections::HashSet::new();
-    let back = loop {
-        let ask = LeaseRequest {
-            max: Some(5),
-            lease: Some("60s".into()),
-            wait: Some("200ms".into()),
-        };
-        if let Ok(got) = api(&ahead).lease(QUEUE, &ask).await {
-            again.extend(got.into_iter().map(|m| m.id.to_string()));
-        }
-        if again.len() == leased.len() {
-            break killed.elapsed();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_millis(LEASE_MS + 10_000),
-            "only {} of the killed node's 5 leased messages came back through the node 5 min \
-             ahead 10 s after their lease",
-            again.len()
-        );
-    };
-    assert!(leased.iter().all(|m| again.contains(&m.id.to_string())));
-    println!(
-        "mysql skew test: the killed node's 5 leased messages delivered again by the node 5 min \
-         ahead {:.0} ms after the kill (lease {LEASE_MS} ms)",
-        back.as_secs_f64() * 1e3
-    );
-    assert!(
-        back <= Duration::from_millis(LEASE_MS + 1_000),
-        "the leased messages came back after {back:?}: more than their lease + 1 s"
-    );
+    })
+    .await;
 }

@@ -18,6 +18,7 @@
 
 use super::load::{check, kill_9_cycles, Ledger, Load, Survivor};
 use super::{wait_ready, Node};
+use redrive_client::{Client, LeaseRequest, Publish};
 use redrive_core::SplitMix64;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -418,4 +419,88 @@ pub async fn ready(mut node: Node) -> Node {
         "store did not open"
     );
     node
+}
+
+/// The cluster section of [`node_ahead_expires_leases`]'s nodes: beats every 200 ms.
+pub const SKEW_CLUSTER: &str = "[cluster]\nheartbeat_interval = \"200ms\"\nleader_lease = \"2s\"\n";
+
+/// Two nodes on one database, the second five minutes ahead (libfaketime, as in
+/// `cluster_faults.rs`), started by `start(i, wrapper)` with [`SKEW_CLUSTER`] and [`QUEUES`];
+/// the first, holding leases of 5 messages, is killed with `kill -9`; the second must deliver
+/// them again within their lease + 1 s. Its store keeps its scheduler's wake-up at most a
+/// second ahead *on the database's clock*; on the node's own clock it was five minutes away,
+/// and the leases stayed out.
+pub async fn node_ahead_expires_leases(label: &str, mut start: impl FnMut(usize, &[&str]) -> Node) {
+    const LEASE_MS: u64 = 2_000;
+    let client = http_client();
+    let mut on_time = start(0, &[]);
+    let mut ahead = start(
+        1,
+        &[
+            "env",
+            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+            "FAKETIME=+5m",
+        ],
+    );
+    assert!(
+        wait_ready(&client, &mut on_time).await,
+        "a node did not start"
+    );
+    assert!(
+        wait_ready(&client, &mut ahead).await,
+        "the node ahead did not start"
+    );
+    // Both nodes beat, and the node ahead has measured its offset to the database.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let api = |node: &Node| Client::with_http(&node.base, client.clone()).expect("a server URL");
+    let items: Vec<Publish> = (0..5).map(|i| Publish::new(json!({ "i": i }))).collect();
+    api(&on_time)
+        .publish_batch(QUEUE, &items)
+        .await
+        .expect("publish");
+    let leased = api(&on_time)
+        .lease(
+            QUEUE,
+            &LeaseRequest {
+                max: Some(5),
+                lease: Some(format!("{LEASE_MS}ms")),
+                wait: None,
+            },
+        )
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), 5);
+    let killed = Instant::now();
+    on_time.child.kill().unwrap();
+    on_time.child.wait().unwrap();
+    let mut again = std::collections::HashSet::new();
+    let back = loop {
+        let ask = LeaseRequest {
+            max: Some(5),
+            lease: Some("60s".into()),
+            wait: Some("200ms".into()),
+        };
+        if let Ok(got) = api(&ahead).lease(QUEUE, &ask).await {
+            again.extend(got.into_iter().map(|m| m.id.to_string()));
+        }
+        if again.len() == leased.len() {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(LEASE_MS + 10_000),
+            "only {} of the killed node's 5 leased messages came back through the node 5 min \
+             ahead 10 s after their lease",
+            again.len()
+        );
+    };
+    assert!(leased.iter().all(|m| again.contains(&m.id.to_string())));
+    println!(
+        "{label}: the killed node's 5 leased messages delivered again by the node 5 min \
+         ahead {:.0} ms after the kill (lease {LEASE_MS} ms)",
+        back.as_secs_f64() * 1e3
+    );
+    assert!(
+        back <= Duration::from_millis(LEASE_MS + 1_000),
+        "the leased messages came back after {back:?}: more than their lease + 1 s"
+    );
 }
