@@ -103,7 +103,9 @@ use redrive_storage::StoreError;
 ///   (`cluster.rs`).
 /// - 8: the SQL function `publish(…)` again, with step 3's key-order mode comparison fixed
 ///   (`sql_publish.rs`).
-pub const SCHEMA_VERSION: i32 = 8;
+/// - 9: the SQL function `publish(…)` again, refusing payloads the server cannot read back
+///   (a number of 1e308 or more, more than 127 nested arrays or objects).
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -115,6 +117,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (6, crate::sessions::V6),
     (7, crate::cluster::V7),
     (8, crate::sql_publish::V8),
+    (9, crate::sql_publish::V9),
 ];
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";

@@ -22,7 +22,9 @@
 //! the limits of the server that opened the schema last (`meta.sql_publish`, written at
 //! open): the queue name, `payload` present (JSON `null` is a payload, SQL `NULL` is not),
 //! `priority` 0–9, keys of 1 to 512 characters, `delay` not negative and at most
-//! `max_schedule_ahead`, `headers` an object of strings, and the payload and header sizes.
+//! `max_schedule_ahead`, `headers` an object of strings, and the payload and header sizes;
+//! and that the server can read the payload back (numbers below 1e308, at most 127 arrays or
+//! objects deep: what serde_json reads, and jsonb would take more).
 //! A refusal is an exception (SQLSTATE 22023, or 54000 for a size, or 23505 for an
 //! idempotency key already used with another payload) that the caller's transaction sees
 //! like any other failed statement. Not checked from SQL: a push queue's reserved headers
@@ -110,6 +112,18 @@ BEGIN
   END IF;
   IF publish.payload IS NULL THEN
     RAISE EXCEPTION 'redrive.publish: payload: missing (any JSON value; JSON null is ''null''::jsonb, SQL NULL is no payload)'
+      USING ERRCODE = '22023';
+  END IF;
+  -- What the server's JSON reader (serde_json) reads, which is stricter than jsonb: every
+  -- number below 1e308 in magnitude (a 64-bit float), at most 127 arrays or objects deep.
+  IF jsonb_path_exists(publish.payload,
+       'strict $.** ? (@.type() == "number" && (@ >= 1e308 || @ <= -1e308))') THEN
+    RAISE EXCEPTION 'redrive.publish: payload: a number redrive cannot read (numbers must be below 1e308)'
+      USING ERRCODE = '22023';
+  END IF;
+  IF jsonb_path_exists(publish.payload,
+       'strict $.**{127} ? (@.type() == "array" || @.type() == "object")') THEN
+    RAISE EXCEPTION 'redrive.publish: payload: nested more than 127 arrays or objects deep (redrive reads 127)'
       USING ERRCODE = '22023';
   END IF;
   IF publish.priority IS NULL OR publish.priority NOT BETWEEN 0 AND 9 THEN
@@ -238,3 +252,8 @@ pub const V3: &str = publish_function!("CREATE");
 /// `Unordered`, so on a schema where any queue kept per-key order a keyed publish from SQL
 /// to an unordered queue was made to wait behind its key, and only the first was leasable.
 pub const V8: &str = publish_function!("CREATE OR REPLACE");
+
+/// Schema step 9: the function again, refusing what the server's JSON reader cannot read
+/// back and jsonb accepts (a number of 1e308 or more, as `[1e400]`; more than 127 nested
+/// arrays or objects). Step 8 stored them, and every lease that met such a message failed.
+pub const V9: &str = publish_function!("CREATE OR REPLACE");

@@ -388,6 +388,14 @@ async fn bad_arguments_are_refused_by_name_and_write_nothing() {
             "headers",
         ),
         (format!("'{Q}', '\"{big}\"'"), "54000", "max_payload_bytes"),
+        // jsonb takes these; the server's JSON reader does not (schema step 9).
+        (format!("'{Q}', '[1e400]'"), "22023", "1e308"),
+        (format!("'{Q}', '{{\"a\": -1e308}}'"), "22023", "1e308"),
+        (
+            format!("'{Q}', '{}{}'", "[".repeat(128), "]".repeat(128)),
+            "22023",
+            "127",
+        ),
     ];
     for (args, code, names) in cases {
         let tx = app.transaction().await.unwrap();
@@ -399,6 +407,37 @@ async fn bad_arguments_are_refused_by_name_and_write_nothing() {
     }
     let stats = store.queue_stats().await.unwrap();
     assert!(stats.iter().all(|s| s.counts == [0; 5]), "{stats:?}");
+}
+
+/// What is just inside what the server reads back (127 nested arrays, a number near the
+/// largest 64-bit float) is taken, and leased as it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deepest_and_largest_readable_payloads_are_taken_and_leased() {
+    let (store, mut app, guard) = setup().await;
+    let deep = format!("{}1{}", "[".repeat(127), "]".repeat(127));
+    let tx = app.transaction().await.unwrap();
+    publish_sql(&tx, &guard.0, &format!("'{Q}', '{deep}'"))
+        .await
+        .unwrap();
+    publish_sql(
+        &tx,
+        &guard.0,
+        &format!("'{Q}', '[9.9e307, -9.9e307, 1e-400]'"),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let leased = store.lease(req(Q), None).await.unwrap();
+    assert_eq!(leased.len(), 2);
+    let payloads: Vec<serde_json::Value> =
+        leased.iter().map(|l| l.message.payload.clone()).collect();
+    let deep: serde_json::Value = serde_json::from_str(&deep).unwrap();
+    assert!(payloads.contains(&deep), "{payloads:?}");
+    // 1e-400 is read as 0, as the HTTP path reads it.
+    assert!(
+        payloads.contains(&json!([9.9e307, -9.9e307, 0.0])),
+        "{payloads:?}"
+    );
 }
 
 /// Keys on a queue without per-key ordering do not wait behind each other from SQL either,
