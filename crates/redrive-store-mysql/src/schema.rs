@@ -20,10 +20,13 @@
 //!   `ready.rid` (auto-increment) and `ready.node` let the other nodes poll for messages
 //!   made ready elsewhere (`poll.rs`): MySQL has no LISTEN.
 //! - `messages` holds identity, content and lifecycle, one row per message. The scheduled,
-//!   leased and done sets are *virtual generated columns* that are NULL outside their state
+//!   leased and done sets are *stored generated columns* that are NULL outside their state
 //!   (`sched_queue`/`sched_due`, `lease_due`, `done_at`), each indexed: InnoDB has no partial
 //!   indexes, and a range scan `sched_due <= t` never visits the NULLs, so the tick, the
-//!   reaper and the purge each read only the rows they can take.
+//!   reaper and the purge each read only the rows they can take. They were VIRTUAL until
+//!   step 5: MariaDB 10.11 once died at every start in the purge of this table (signal 11;
+//!   it resembles MDEV-39261, indexed virtual columns), and a STORED column's index is
+//!   maintained from the row as written, with nothing for the purge to compute.
 //! - The history is appended as rows of `history` (message seq, n, entry JSON text), never a
 //!   JSON array rewritten on every attempt.
 //! - `idempotency` (queue, key → message id, payload fingerprint, expiry, tombstone)
@@ -68,12 +71,14 @@ use redrive_storage::StoreError;
 ///   and `meta.payload_fingerprint` (idempotency fingerprints computed by the database on
 ///   both paths; the FNV-1a fingerprints of records written before stay readable until
 ///   they expire: `sql_publish::fingerprint_matches`).
-pub const SCHEMA_VERSION: i64 = 4;
+/// - 5: the generated columns of `messages` STORED instead of VIRTUAL (one `ALTER TABLE`,
+///   which rebuilds the table: the upgrade of a large `messages` takes a while, once).
+pub const SCHEMA_VERSION: i64 = 5;
 
 const TABLE: &str = "ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin";
 
 /// The steps' versions, applied in order.
-const STEPS: [i64; 4] = [1, 2, 3, 4];
+const STEPS: [i64; 5] = [1, 2, 3, 4, 5];
 const _: () = assert!(STEPS[STEPS.len() - 1] == SCHEMA_VERSION);
 
 /// The statements of step `step` on this server (`mariadb`), whose earlier steps are applied.
@@ -83,6 +88,7 @@ async fn steps(c: &mut mysql_async::Conn, step: i64, mariadb: bool) -> Result<Ve
         2 => v2(),
         3 => v3(),
         4 => v4(c, mariadb).await?,
+        5 => v5(),
         _ => Vec::new(),
     })
 }
@@ -272,6 +278,23 @@ async fn v4(c: &mut mysql_async::Conn, mariadb: bool) -> Result<Vec<String>, E> 
     )];
     out.extend(sql_publish::procedures(canon, mariadb));
     Ok(out)
+}
+
+/// Step 5: the generated columns STORED, with their indexes. One statement, so it is
+/// atomic and can run again (it drops and adds the same columns).
+fn v5() -> Vec<String> {
+    vec!["ALTER TABLE messages
+  DROP INDEX ix_scheduled, DROP INDEX ix_sched_due, DROP INDEX ix_leased, DROP INDEX ix_done,
+  DROP COLUMN sched_queue, DROP COLUMN sched_due, DROP COLUMN lease_due, DROP COLUMN done_at,
+  ADD COLUMN sched_queue VARBINARY(128) AS (CASE WHEN state = 0 THEN queue END) STORED,
+  ADD COLUMN sched_due   BIGINT AS (CASE WHEN state = 0 THEN due_at END) STORED,
+  ADD COLUMN lease_due   BIGINT AS (CASE WHEN state = 2 THEN lease_expires_at END) STORED,
+  ADD COLUMN done_at     BIGINT AS (CASE WHEN state = 3 THEN finished_at END) STORED,
+  ADD KEY ix_scheduled (sched_queue, sched_due),
+  ADD KEY ix_sched_due (sched_due),
+  ADD KEY ix_leased (lease_due),
+  ADD KEY ix_done (done_at)"
+        .to_owned()]
 }
 
 /// The name of the database's migration lock (`GET_LOCK`, also taken by

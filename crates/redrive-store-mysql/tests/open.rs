@@ -83,6 +83,87 @@ async fn an_empty_database_is_migrated_once_even_by_two_opens_at_once() {
     }
 }
 
+/// A database of schema step 4 (the generated columns of `messages` VIRTUAL) is upgraded by
+/// step 5 to STORED ones, and its messages are where they were: a ready one leased, a
+/// scheduled one promoted when due (found through `ix_sched_due`), leases expired (through
+/// `ix_leased`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_5_makes_the_generated_columns_stored_and_keeps_the_messages() {
+    let guard = common::fresh_database(PREFIX);
+    let db = guard.0.clone();
+    let opts = common::options(&db, &Setup::default());
+    let t0 = Timestamp::from_millis(1_000_000);
+    let store = MysqlStore::open(opts.clone()).await.expect("open");
+    let mut later = NewMessage::new(Q, json!("later"));
+    later.deliver_at = Some(Timestamp::from_millis(t0.as_millis() + 60_000));
+    store
+        .publish(
+            vec![
+                NewMessage::new(Q, json!("leased")),
+                NewMessage::new(Q, json!("ready")),
+                later,
+            ],
+            Some(t0),
+        )
+        .await
+        .expect("publish");
+    let req = |max| LeaseRequest {
+        queue: Q.to_owned(),
+        max,
+        lease_ms: 30_000,
+        max_bytes: None,
+    };
+    assert_eq!(store.lease(req(1), Some(t0)).await.expect("lease").len(), 1);
+    store.close().await;
+    // Back to step 4, as a database written by the build before this step.
+    common::run_blocking(format!(
+        "ALTER TABLE `{db}`.messages
+  DROP INDEX ix_scheduled, DROP INDEX ix_sched_due, DROP INDEX ix_leased, DROP INDEX ix_done,
+  DROP COLUMN sched_queue, DROP COLUMN sched_due, DROP COLUMN lease_due, DROP COLUMN done_at,
+  ADD COLUMN sched_queue VARBINARY(128) AS (CASE WHEN state = 0 THEN queue END) VIRTUAL,
+  ADD COLUMN sched_due BIGINT AS (CASE WHEN state = 0 THEN due_at END) VIRTUAL,
+  ADD COLUMN lease_due BIGINT AS (CASE WHEN state = 2 THEN lease_expires_at END) VIRTUAL,
+  ADD COLUMN done_at BIGINT AS (CASE WHEN state = 3 THEN finished_at END) VIRTUAL,
+  ADD KEY ix_scheduled (sched_queue, sched_due), ADD KEY ix_sched_due (sched_due),
+  ADD KEY ix_leased (lease_due), ADD KEY ix_done (done_at)"
+    ));
+    common::run_blocking(format!(
+        "DELETE FROM `{db}`.schema_migrations WHERE version >= 5"
+    ));
+    let generated = || {
+        one(format!(
+            "SELECT GROUP_CONCAT(CONCAT(column_name, ' ', extra) ORDER BY column_name)              FROM information_schema.columns WHERE table_schema = '{db}'              AND table_name = 'messages' AND extra LIKE '%GENERATED%'"
+        ))
+    };
+    assert!(generated().contains("VIRTUAL"), "{}", generated());
+    let store = MysqlStore::open(opts).await.expect("open at step 4");
+    assert_eq!(
+        generated(),
+        "done_at STORED GENERATED,lease_due STORED GENERATED,sched_due STORED GENERATED,\
+         sched_queue STORED GENERATED"
+    );
+    let ready = store.lease(req(10), Some(t0)).await.expect("lease");
+    assert_eq!(ready.len(), 1, "the ready message");
+    assert_eq!(ready[0].message.payload, json!("ready"));
+    // Past the lease and the delay: the tick expires the lease (its retry is due 1 s later)
+    // and promotes the scheduled one; the next tick promotes the retry.
+    let t1 = Timestamp::from_millis(t0.as_millis() + 61_000);
+    store.tick(Some(t1)).await.expect("tick");
+    let t2 = Timestamp::from_millis(t1.as_millis() + 2_000);
+    store.tick(Some(t2)).await.expect("tick");
+    let mut back: Vec<String> = store
+        .lease(req(10), Some(t2))
+        .await
+        .expect("lease after the tick")
+        .into_iter()
+        .map(|l| l.message.payload.to_string())
+        .collect();
+    back.sort();
+    // Both leases (the one before the upgrade and the one after) expired, and the scheduled one.
+    assert_eq!(back, ["\"later\"", "\"leased\"", "\"ready\""]);
+    store.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
     let guard = common::fresh_database(PREFIX);
