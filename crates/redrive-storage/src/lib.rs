@@ -33,6 +33,7 @@ mod ops;
 mod options;
 pub mod rules;
 pub mod sessions;
+pub mod settle;
 mod store;
 pub mod stored;
 

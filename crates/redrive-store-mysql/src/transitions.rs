@@ -10,6 +10,9 @@
 //!
 //! Batch work takes its rows with `FOR UPDATE SKIP LOCKED` and writes them by primary key:
 //! a claim ([`lease`]), a promotion and the reaper ([`tick`]), the purge ([`purge`]).
+//! Acks and nacks of many leases are set-based ([`ack_many`], [`nack_many`]): one
+//! statement reads their rows, `redrive_storage::settle` checks and changes each, one
+//! `UPDATE … JOIN` writes them, and their history is appended in one insert.
 
 use crate::error::{Conflict, E};
 use crate::key_order;
@@ -24,7 +27,7 @@ use redrive_core::{
 };
 use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, KeyMode, LeaseEnd, Lifecycle};
 use redrive_storage::{
-    Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
+    settle, Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
     PurgeOutcome, Release, Released, Returned, Settled, StoreError, TickOutcome,
 };
 use std::collections::{BTreeMap, HashMap};
@@ -1302,4 +1305,257 @@ async fn delete_pairs<C: Db>(
         .await?;
     }
     Ok(n)
+}
+
+// ---- set-based ack and nack ----
+
+/// Settle `$items` in item order: set-based (`$set`, given the items' references) where
+/// it can, one by one (`$alone`, given an item) an item with wait notes (the notes rewrite
+/// its history entries), and everything one by one when fewer than two would go
+/// set-based. An item's own refusal (`E::Logic`) is its answer; any other error ends the
+/// call. (A macro: generic async closures over the transaction are not `Send`.)
+macro_rules! settle_many {
+    ($items:expr, |$n:ident| $has_notes:expr, |$refs:ident| $set:expr, |$it:ident| $alone:expr) => {{
+        let items = $items;
+        let (mut one_by_one, together): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| {
+                let $n = &items[i];
+                $has_notes
+            });
+        let mut out: Vec<Option<Result<_, StoreError>>> = (0..items.len()).map(|_| None).collect();
+        if together.len() < 2 {
+            one_by_one = (0..items.len()).collect();
+        } else {
+            let $refs: Vec<&_> = together.iter().map(|&i| &items[i]).collect();
+            for (&i, r) in together.iter().zip($set.await?) {
+                out[i] = Some(r);
+            }
+        }
+        for i in one_by_one {
+            let $it = &items[i];
+            out[i] = Some(match $alone.await {
+                Ok(v) => Ok(v),
+                Err(E::Logic(e)) => Err(e),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(out.into_iter().flatten().collect())
+    }};
+}
+
+/// Ack `items`: set-based where it can ([`ack_set`]), one by one ([`ack`]) the items with
+/// wait notes; answers in item order. The caller has locked their rows and keys
+/// (`group_commit::lock_work`).
+pub async fn ack_many<C: Db>(
+    st: &Inner,
+    tx: &mut C,
+    cx: &mut Ctx,
+    items: &[Ack],
+    now: Timestamp,
+) -> Result<Vec<Result<Acked, StoreError>>, E> {
+    settle_many!(
+        items,
+        |a| !a.waited.is_empty(),
+        |refs| ack_set(st, &mut *tx, &mut *cx, &refs, now),
+        |a| ack(st, &mut *tx, &mut *cx, a, now)
+    )
+}
+
+/// Nack `items` as [`ack_many`] acks them.
+pub async fn nack_many<C: Db>(
+    st: &Inner,
+    tx: &mut C,
+    cx: &mut Ctx,
+    items: &[Nack],
+    now: Timestamp,
+) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
+    settle_many!(
+        items,
+        |n| !n.waited.is_empty(),
+        |refs| nack_set(st, &mut *tx, &mut *cx, &refs, now),
+        |n| nack(st, &mut *tx, &mut *cx, n, now)
+    )
+}
+
+/// Ack `items` set-based: their rows read (locked) in one statement, each item checked and
+/// changed as [`ack`] does ([`settle::acks`]), the rows written in one statement and their
+/// history in two.
+async fn ack_set<C: Db>(
+    st: &Inner,
+    tx: &mut C,
+    cx: &mut Ctx,
+    items: &[&Ack],
+    now: Timestamp,
+) -> Result<Vec<Result<Acked, StoreError>>, E> {
+    let ids: Vec<String> = items.iter().map(|a| a.lease.id.to_string()).collect();
+    let mut rows = locked_rows(tx, &ids).await?;
+    let before = states(&rows);
+    let s = settle::acks(&mut rows, items, now);
+    write_settled(st, tx, cx, &rows, &before, &s).await?;
+    Ok(s.answers)
+}
+
+/// Nack `items` set-based, as [`ack_set`]: each item is checked and failed through
+/// [`rules::fail`] as [`nack`] does ([`settle::nacks`]).
+async fn nack_set<C: Db>(
+    st: &Inner,
+    tx: &mut C,
+    cx: &mut Ctx,
+    items: &[&Nack],
+    now: Timestamp,
+) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
+    let ids: Vec<String> = items.iter().map(|n| n.lease.id.to_string()).collect();
+    let mut rows = locked_rows(tx, &ids).await?;
+    let before = states(&rows);
+    let s = st.with_rng(|rng| settle::nacks(&mut rows, items, &st.catalog, rng, now))?;
+    write_settled(st, tx, cx, &rows, &before, &s).await?;
+    Ok(s.answers)
+}
+
+/// Each row's state, by id, before the rules change it.
+fn states(rows: &HashMap<String, Row>) -> HashMap<String, State> {
+    rows.iter()
+        .map(|(id, r)| (id.clone(), r.life.state))
+        .collect()
+}
+
+/// Lock the rows of `ids` (in `seq` order) and read them; by id.
+async fn locked_rows<C: Db>(tx: &mut C, ids: &[String]) -> Result<HashMap<String, Row>, E> {
+    let mut out = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(CHUNK) {
+        let sql = format!(
+            concat!(
+                "SELECT ",
+                columns!(),
+                " FROM messages WHERE id IN ({}) ORDER BY seq FOR UPDATE"
+            ),
+            marks(chunk.len())
+        );
+        for r in &query(tx, &sql, list(chunk)).await? {
+            let row = row::from_my(r)?;
+            out.insert(row.id.clone(), row);
+        }
+    }
+    Ok(out)
+}
+
+/// Rows of one set-based lifecycle write.
+const LIVES_CHUNK: usize = 200;
+
+/// Write what a set-based ack or nack decided (`s`, over `rows`, which were in the states
+/// `before`): the rows' lifecycles in one statement per [`LIVES_CHUNK`] rows (an `UPDATE`
+/// joined to the new values), their `ready` rows, their history entries, then per-key
+/// ordering and wake-ups.
+async fn write_settled<C: Db, T>(
+    st: &Inner,
+    tx: &mut C,
+    cx: &mut Ctx,
+    rows: &HashMap<String, Row>,
+    before: &HashMap<String, State>,
+    s: &settle::Settlement<T>,
+) -> Result<(), E> {
+    let changed: Vec<&Row> = s.written.iter().filter_map(|id| rows.get(id)).collect();
+    for (c, chunk) in changed.chunks(LIVES_CHUNK).enumerate() {
+        let one = "SELECT ? AS seq, ? AS state, ? AS due_at, ? AS attempts, ? AS budget_base, \
+                   ? AS uncounted, ? AS released, ? AS prev_delay_ms, ? AS updated_at, \
+                   ? AS window_start, ? AS leased_at, ? AS lease_expires_at, ? AS lease_end, \
+                   ? AS finished_at, ? AS dead_reason, ? AS error_class, ? AS last_error";
+        let values = vec![one; chunk.len()].join(" UNION ALL ");
+        let sql = format!(
+            "UPDATE messages m JOIN ({values}) v ON m.seq = v.seq SET m.state = v.state, \
+             m.due_at = v.due_at, m.attempts = v.attempts, m.budget_base = v.budget_base, \
+             m.uncounted = v.uncounted, m.released = v.released, \
+             m.prev_delay_ms = v.prev_delay_ms, m.updated_at = v.updated_at, \
+             m.window_start = v.window_start, m.leased_at = v.leased_at, \
+             m.lease_expires_at = v.lease_expires_at, m.lease_end = v.lease_end, \
+             m.finished_at = v.finished_at, m.dead_reason = v.dead_reason, \
+             m.error_class = COALESCE(v.error_class, m.error_class), \
+             m.last_error = COALESCE(v.last_error, m.last_error)"
+        );
+        let mut p: Vec<Value> = Vec::with_capacity(chunk.len() * 17);
+        for (i, r) in chunk.iter().enumerate() {
+            let life = &r.life;
+            let (class, last_error) = match s.errors.get(c * LIVES_CHUNK + i) {
+                Some((c, e)) => (Some(c.clone()), Some(e.clone())),
+                None => (None, None),
+            };
+            p.extend([
+                r.seq.into(),
+                i64::from(life.state.code()).into(),
+                ms(life.due_at).into(),
+                int(life.attempts).into(),
+                int(life.budget_base).into(),
+                int(life.uncounted).into(),
+                int(life.released).into(),
+                delay_ms(life.prev_delay_ms).into(),
+                life.updated_at.as_millis().into(),
+                ms(life.window_start).into(),
+                ms(life.leased_at).into(),
+                ms(life.lease_expires_at).into(),
+                life.lease_end.map(LeaseEnd::as_str).into(),
+                ms(life.finished_at).into(),
+                life.dead_reason.map(|d| d.as_str()).into(),
+                class.into(),
+                last_error.into(),
+            ]);
+        }
+        execute(tx, &sql, Params::Positional(p)).await?;
+    }
+    let now_ready: Vec<i64> = changed
+        .iter()
+        .filter(|r| r.life.state == State::Ready)
+        .map(|r| r.seq)
+        .collect();
+    let left_ready: Vec<i64> = changed
+        .iter()
+        .filter(|r| r.life.state != State::Ready && before.get(&r.id) == Some(&State::Ready))
+        .map(|r| r.seq)
+        .collect();
+    ready_insert(st, tx, &now_ready).await?;
+    ready_delete(tx, &left_ready).await?;
+    append_histories(tx, &s.entries).await?;
+    for r in changed {
+        key_order::settle(st, tx, &r.queue, r.key.as_deref(), r.seq).await?;
+        cx.changes += 1;
+        cx.wake_if_scheduled(&r.life);
+    }
+    Ok(())
+}
+
+/// Append history entries `(seq, entry)`, in order (several for one seq get consecutive
+/// numbers): one statement reads each message's last number, one inserts them all. Every
+/// message's row is locked by the caller.
+async fn append_histories<C: Db>(tx: &mut C, entries: &[(i64, HistoryEntry)]) -> Result<(), E> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut seqs: Vec<i64> = entries.iter().map(|(s, _)| *s).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let mut last: HashMap<i64, i64> = HashMap::with_capacity(seqs.len());
+    for chunk in seqs.chunks(CHUNK) {
+        let sql = format!(
+            "SELECT message_seq, MAX(n) FROM history WHERE message_seq IN ({}) GROUP BY message_seq",
+            marks(chunk.len())
+        );
+        for r in &query(tx, &sql, list(chunk)).await? {
+            last.insert(col(r, 0)?, col(r, 1)?);
+        }
+    }
+    for chunk in entries.chunks(CHUNK) {
+        let mut p: Vec<Value> = Vec::with_capacity(chunk.len() * 3);
+        for (seq, e) in chunk {
+            let n = last.entry(*seq).or_insert(0);
+            *n += 1;
+            p.extend([(*seq).into(), (*n).into(), serde_json::to_string(e)?.into()]);
+        }
+        let values = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+        execute(
+            tx,
+            &format!("INSERT INTO history (message_seq, n, entry) VALUES {values}"),
+            Params::Positional(p),
+        )
+        .await?;
+    }
+    Ok(())
 }

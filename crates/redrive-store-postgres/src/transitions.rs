@@ -23,7 +23,7 @@ use redrive_core::{
 };
 use redrive_storage::rules::{self, AttemptEnd, FailedAttempt, KeyMode, LeaseEnd, Lifecycle};
 use redrive_storage::{
-    Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
+    settle, Ack, AckEvent, Acked, FailureOutcome, LeaseRef, LeaseRequest, Leased, Nack, Published,
     PurgeOutcome, Release, Released, Returned, Settled, StoreError, TickOutcome,
 };
 use std::collections::BTreeMap;
@@ -1056,7 +1056,8 @@ pub async fn ack_many(
 }
 
 /// Ack `items` set-based: one statement locks their rows, each item is checked and
-/// changed as [`ack`] does, one statement writes the rows and one their history entries.
+/// changed as [`ack`] does ([`settle::acks`]), one statement writes the rows and one their
+/// history entries.
 async fn ack_set(
     st: &Inner,
     tx: &Transaction<'_>,
@@ -1066,52 +1067,9 @@ async fn ack_set(
 ) -> Result<Vec<Result<Acked, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|a| a.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
-    let mut out = Vec::with_capacity(items.len());
-    let mut written: Vec<String> = Vec::new();
-    let mut entries: Vec<(i64, HistoryEntry)> = Vec::new();
-    for (a, id) in items.iter().zip(&ids) {
-        let Some(row) = rows.get_mut(id) else {
-            out.push(Err(StoreError::NotFound(id.clone())));
-            continue;
-        };
-        let token = a.lease.token.as_str();
-        if row.life.state == State::Done && row.lease_token.as_deref() == Some(token) {
-            out.push(row.to_message(None, None).map(|message| Acked {
-                message,
-                repeated: true,
-            }));
-            continue;
-        }
-        if let Err(e) = check_lease(row, token, now) {
-            out.push(Err(e.into_store()));
-            continue;
-        }
-        let life = &mut row.life;
-        life.state = State::Done;
-        life.finished_at = Some(now);
-        life.updated_at = now;
-        life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
-        entries.push((
-            row.seq,
-            HistoryEntry {
-                attempt: life.attempts,
-                at: now,
-                leased_at: life.leased_at,
-                event: match a.event {
-                    AckEvent::Acked => HistoryEvent::Acked,
-                    AckEvent::Republished => HistoryEvent::Republished,
-                },
-                response: a.response.clone(),
-            },
-        ));
-        written.push(id.clone());
-        out.push(row.to_message(None, None).map(|message| Acked {
-            message,
-            repeated: false,
-        }));
-    }
-    write_settled(st, tx, cx, &rows, &written, &[], &entries).await?;
-    Ok(out)
+    let s = settle::acks(&mut rows, items, now);
+    write_settled(st, tx, cx, &rows, &s.written, &s.errors, &s.entries).await?;
+    Ok(s.answers)
 }
 
 /// Nack `items` as [`ack_many`] acks them: set-based where it can ([`nack_set`]), one by
@@ -1132,7 +1090,7 @@ pub async fn nack_many(
 }
 
 /// Nack `items` set-based, as [`ack_set`]: each item is checked and failed through
-/// [`rules::fail`] as [`nack`] does.
+/// [`rules::fail`] as [`nack`] does ([`settle::nacks`]).
 async fn nack_set(
     st: &Inner,
     tx: &Transaction<'_>,
@@ -1142,44 +1100,9 @@ async fn nack_set(
 ) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|n| n.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
-    let mut out = Vec::with_capacity(items.len());
-    let mut written: Vec<String> = Vec::new();
-    let mut errors: Vec<(String, String)> = Vec::new();
-    let mut entries: Vec<(i64, HistoryEntry)> = Vec::new();
-    for (n, id) in items.iter().zip(&ids) {
-        let Some(row) = rows.get_mut(id) else {
-            out.push(Err(StoreError::NotFound(id.clone())));
-            continue;
-        };
-        if let Err(e) = check_lease(row, &n.lease.token, now) {
-            out.push(Err(e.into_store()));
-            continue;
-        }
-        let policy = &st.catalog.get(&row.queue).retry;
-        let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
-        let failed =
-            st.with_rng(|rng| rules::fail(&mut row.life, policy, &n.failure, end, now, rng));
-        let FailedAttempt {
-            mut entry,
-            last_error,
-            class,
-            retry_delay_ms,
-        } = failed;
-        entry.response = n.response.clone();
-        let last_error = serde_json::to_string(&last_error)?;
-        row.last_error = Some(last_error.clone());
-        entries.push((row.seq, entry));
-        errors.push((class.as_str().to_owned(), last_error));
-        written.push(id.clone());
-        out.push(row.to_message(None, None).map(|message| FailureOutcome {
-            dead_reason: message.dead_reason,
-            message,
-            class,
-            retry_delay_ms,
-        }));
-    }
-    write_settled(st, tx, cx, &rows, &written, &errors, &entries).await?;
-    Ok(out)
+    let s = st.with_rng(|rng| settle::nacks(&mut rows, items, &st.catalog, rng, now))?;
+    write_settled(st, tx, cx, &rows, &s.written, &s.errors, &s.entries).await?;
+    Ok(s.answers)
 }
 
 /// Write what [`ack_many`] or [`nack_many`] changed: the rows `written` (with `errors`, one
