@@ -22,7 +22,8 @@
 //! Acks and nacks are set-based within a job (`transitions::ack_many`, `nack_many`, as the
 //! PostgreSQL store's; the rules of each item are `redrive_storage::settle`'s): a job of 100
 //! acks reads its rows in one statement and writes them in one, with its history in two,
-//! instead of about seven statements per item. Publishes still run item by item.
+//! instead of about seven statements per item. A publish inserts its new messages that take
+//! no part in a key's order with one multi-row insert (`transitions::insert_rows`).
 
 use crate::error::E;
 use crate::sql::resolve_now;

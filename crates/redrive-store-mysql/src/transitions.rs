@@ -336,6 +336,8 @@ pub async fn publish<C: Db>(
     )
     .await?;
     let mut out = Vec::with_capacity(items.len());
+    // New messages not in a key's order, inserted together ([`insert_rows`]).
+    let mut deferred: Vec<Deferred> = Vec::new();
     // Keys first used by this call: (queue, key) → (message, fingerprint).
     let mut first_use: HashMap<(String, String), (Message, String)> = HashMap::new();
     // The keyed items' fingerprints, computed by the database as `redrive_publish` computes
@@ -444,15 +446,15 @@ pub async fn publish<C: Db>(
             target_url: item.target_url.clone(),
             life,
         };
-        row.seq = insert_row(
-            tx,
-            &row,
-            item.failed.as_ref().map(|f| f.class.as_str()),
-            key_blocked,
-        )
-        .await?;
-        let refs: Vec<&HistoryEntry> = history.iter().collect();
-        append_history(tx, row.seq, &refs).await?;
+        let class = item.failed.as_ref().map(|f| f.class.as_str());
+        let ordered = mode != KeyMode::Unordered && item.key.is_some();
+        if ordered {
+            // Its key's order is settled against the rows before it: those go in first.
+            insert_rows(st, tx, &mut deferred).await?;
+            row.seq = insert_row(tx, &row, class, key_blocked).await?;
+            let refs: Vec<&HistoryEntry> = history.iter().collect();
+            append_history(tx, row.seq, &refs).await?;
+        }
         if let Some(ikey) = row.idempotency_key.as_deref() {
             // An expired record of the key is replaced; a live one can only be a concurrent
             // publish's (it was not there when read above): run the call again.
@@ -485,8 +487,10 @@ pub async fn publish<C: Db>(
                 ));
             }
         }
-        sync_ready(st, tx, row.seq, None, row.life.state).await?;
-        key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+        if ordered {
+            sync_ready(st, tx, row.seq, None, row.life.state).await?;
+            key_order::settle(st, tx, &row.queue, row.key.as_deref(), row.seq).await?;
+        }
         cx.changes += 1;
         cx.wake_if_scheduled(&row.life);
         let mut message = row.to_message(None, Some(item.payload.clone()))?;
@@ -497,19 +501,130 @@ pub async fn publish<C: Db>(
                 (message.clone(), fp.clone()),
             );
         }
-        message.history = history;
-        out.push(Published {
-            failure: failure.map(|(class, delay)| FailureOutcome {
-                message: message.clone(),
+        let failure = failure.map(|(class, delay)| FailureOutcome {
+            message: Message {
+                history: history.clone(),
+                ..message.clone()
+            },
+            class,
+            retry_delay_ms: delay,
+            dead_reason: message.dead_reason,
+        });
+        message.history = if ordered {
+            history
+        } else {
+            let answer = history.clone();
+            deferred.push(Deferred {
+                row,
                 class,
-                retry_delay_ms: delay,
-                dead_reason: message.dead_reason,
-            }),
+                key_blocked,
+                history,
+            });
+            answer
+        };
+        out.push(Published {
+            failure,
             message,
             replayed: false,
         });
     }
+    insert_rows(st, tx, &mut deferred).await?;
     Ok(out)
+}
+
+/// A new message of a publish whose row is inserted with others ([`insert_rows`]): one
+/// that takes no part in a key's order.
+struct Deferred {
+    row: Row,
+    class: Option<&'static str>,
+    key_blocked: Option<bool>,
+    history: Vec<HistoryEntry>,
+}
+
+/// Rows of one multi-row insert of new messages.
+const INSERT_CHUNK: usize = 200;
+
+/// Insert the new messages `rows` (then empty) in their order: one multi-row `INSERT` per
+/// [`INSERT_CHUNK`], one statement reading their `seq`s back, one appending their history,
+/// one putting the ready ones into `ready`.
+async fn insert_rows<C: Db>(st: &Inner, tx: &mut C, rows: &mut Vec<Deferred>) -> Result<(), E> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    for chunk in rows.chunks(INSERT_CHUNK) {
+        let values =
+            vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()]
+                .join(", ");
+        let mut p: Vec<Value> = Vec::with_capacity(chunk.len() * 20);
+        for d in chunk {
+            p.extend(insert_values(&d.row, d.class, d.key_blocked));
+        }
+        execute(
+            tx,
+            &format!("{INSERT_MESSAGE} VALUES {values}"),
+            Params::Positional(p),
+        )
+        .await?;
+    }
+    let ids: Vec<String> = rows.iter().map(|d| d.row.id.clone()).collect();
+    let mut seqs: HashMap<String, i64> = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(CHUNK) {
+        let sql = format!(
+            "SELECT id, seq FROM messages WHERE id IN ({})",
+            marks(chunk.len())
+        );
+        for r in &query(tx, &sql, list(chunk)).await? {
+            seqs.insert(col(r, 0)?, col(r, 1)?);
+        }
+    }
+    let mut entries: Vec<(i64, HistoryEntry)> = Vec::new();
+    let mut ready: Vec<i64> = Vec::new();
+    for d in rows.drain(..) {
+        let seq = *seqs.get(&d.row.id).ok_or_else(|| {
+            E::Db(StoreError::Backend(format!(
+                "the message {} just inserted was not found",
+                d.row.id
+            )))
+        })?;
+        if d.row.life.state == State::Ready {
+            ready.push(seq);
+        }
+        entries.extend(d.history.into_iter().map(|e| (seq, e)));
+    }
+    append_histories(tx, &entries).await?;
+    ready_insert(st, tx, &ready).await
+}
+
+/// The insert of new messages, before its `VALUES`: one row is [`insert_values`].
+const INSERT_MESSAGE: &str = "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, \
+     idempotency_key, payload, headers, attempts, uncounted, prev_delay_ms, created_at, \
+     updated_at, finished_at, dead_reason, error_class, last_error, key_blocked, target_url)";
+
+/// The 20 values of one row of [`INSERT_MESSAGE`].
+fn insert_values(row: &Row, error_class: Option<&str>, key_blocked: Option<bool>) -> [Value; 20] {
+    let life = &row.life;
+    [
+        row.id.as_str().into(),
+        row.queue.as_str().into(),
+        i64::from(life.state.code()).into(),
+        i64::from(row.priority).into(),
+        ms(life.due_at).into(),
+        row.key.as_deref().into(),
+        row.idempotency_key.as_deref().into(),
+        row.payload.as_str().into(),
+        row.headers.as_deref().into(),
+        int(life.attempts).into(),
+        int(life.uncounted).into(),
+        delay_ms(life.prev_delay_ms).into(),
+        life.created_at.as_millis().into(),
+        life.created_at.as_millis().into(),
+        ms(life.finished_at).into(),
+        life.dead_reason.map(|d| d.as_str()).into(),
+        error_class.into(),
+        row.last_error.as_deref().into(),
+        key_blocked.into(),
+        row.target_url.as_deref().into(),
+    ]
 }
 
 /// Insert a new message; its `seq`.
@@ -519,35 +634,13 @@ async fn insert_row<C: Db>(
     error_class: Option<&str>,
     key_blocked: Option<bool>,
 ) -> Result<i64, E> {
-    let life = &row.life;
+    let values = insert_values(row, error_class, key_blocked);
     execute(
         tx,
-        "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
-         payload, headers, attempts, uncounted, prev_delay_ms, created_at, updated_at, \
-         finished_at, dead_reason, error_class, last_error, key_blocked, target_url) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        args![
-            row.id.as_str(),
-            row.queue.as_str(),
-            i64::from(life.state.code()),
-            i64::from(row.priority),
-            ms(life.due_at),
-            row.key.as_deref(),
-            row.idempotency_key.as_deref(),
-            row.payload.as_str(),
-            row.headers.as_deref(),
-            int(life.attempts),
-            int(life.uncounted),
-            delay_ms(life.prev_delay_ms),
-            life.created_at.as_millis(),
-            life.created_at.as_millis(),
-            ms(life.finished_at),
-            life.dead_reason.map(|d| d.as_str()),
-            error_class,
-            row.last_error.as_deref(),
-            key_blocked,
-            row.target_url.as_deref(),
-        ],
+        &format!(
+            "{INSERT_MESSAGE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ),
+        Params::Positional(values.into()),
     )
     .await?;
     tx.inserted_id()
