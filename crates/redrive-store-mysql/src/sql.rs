@@ -113,6 +113,24 @@ pub fn marks(n: usize) -> String {
     s
 }
 
+/// A derived table of `n` rows of one column `k`, each a placeholder: `SELECT ? AS k UNION
+/// ALL SELECT ? …`. A `DELETE` of a list of keys joins it (`DELETE t FROM t JOIN (…) v ON
+/// t.pk = v.k`): with `WHERE pk IN (…)` of many keys on a small table, the optimizer scans
+/// the whole table instead, which takes (and waits for) a lock on every row it reads, and
+/// two such deletes deadlock (InnoDB ignores an index hint on a multi-table `DELETE`). For a
+/// `SELECT` or an `UPDATE`, `FORCE INDEX` does the same.
+pub fn key_rows(n: usize) -> String {
+    let mut s = String::with_capacity(n * 18 + 8);
+    for i in 0..n {
+        s.push_str(if i == 0 {
+            "SELECT ? AS k"
+        } else {
+            " UNION ALL SELECT ?"
+        });
+    }
+    s
+}
+
 /// Values of a list of arguments (for an `IN (…)` built with [`marks`]).
 pub fn list<T: Into<Value> + Clone>(items: &[T]) -> Params {
     Params::Positional(items.iter().cloned().map(Into::into).collect())

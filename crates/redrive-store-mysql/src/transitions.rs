@@ -17,7 +17,9 @@
 use crate::error::{Conflict, E};
 use crate::key_order;
 use crate::row::{self, columns, delay_ms, int, ms, Row};
-use crate::sql::{args, col, execute, list, marks, query, query_one, query_opt, resolve_now, Db};
+use crate::sql::{
+    args, col, execute, key_rows, list, marks, query, query_one, query_opt, resolve_now, Db,
+};
 use crate::sql_publish;
 use crate::{Ctx, Inner};
 use mysql_async::{Params, Value};
@@ -68,8 +70,8 @@ pub async fn ready_insert<C: Db>(st: &Inner, tx: &mut C, seqs: &[i64]) -> Result
     for chunk in seqs.chunks(CHUNK) {
         let sql = format!(
             "INSERT INTO ready (seq, queue, rnk, due_at, size, node) \
-             SELECT seq, queue, 255 - priority, COALESCE(due_at, 0), {SIZE_SQL}, ? FROM messages \
-             WHERE seq IN ({}) AND state = 1 AND key_blocked IS NOT TRUE \
+             SELECT seq, queue, 255 - priority, COALESCE(due_at, 0), {SIZE_SQL}, ? \
+             FROM messages FORCE INDEX (PRIMARY) WHERE seq IN ({}) AND state = 1 AND key_blocked IS NOT TRUE \
              ON DUPLICATE KEY UPDATE rnk = VALUES(rnk), due_at = VALUES(due_at), size = VALUES(size)",
             marks(chunk.len())
         );
@@ -83,7 +85,10 @@ pub async fn ready_insert<C: Db>(st: &Inner, tx: &mut C, seqs: &[i64]) -> Result
 /// Take the messages `seqs` out of `ready`, by primary key.
 pub async fn ready_delete<C: Db>(tx: &mut C, seqs: &[i64]) -> Result<(), E> {
     for chunk in seqs.chunks(CHUNK) {
-        let sql = format!("DELETE FROM ready WHERE seq IN ({})", marks(chunk.len()));
+        let sql = format!(
+            "DELETE r FROM ready r JOIN ({}) v ON r.seq = v.k",
+            key_rows(chunk.len())
+        );
         execute(tx, &sql, list(chunk)).await?;
     }
     Ok(())
@@ -127,7 +132,8 @@ pub async fn keys_of<C: Db>(
         let rows = query(
             tx,
             &format!(
-                "SELECT queue, msg_key FROM messages WHERE id IN ({}) AND msg_key IS NOT NULL",
+                "SELECT queue, msg_key FROM messages FORCE INDEX (ux_id) \
+                 WHERE id IN ({}) AND msg_key IS NOT NULL",
                 marks(chunk.len())
             ),
             list(chunk),
@@ -156,7 +162,10 @@ pub async fn lock_rows<C: Db>(st: &Inner, tx: &mut C, ids: &[MessageId]) -> Resu
         let m = marks(chunk.len());
         query(
             tx,
-            &format!("SELECT seq FROM messages WHERE id IN ({m}) ORDER BY seq FOR UPDATE"),
+            &format!(
+                "SELECT seq FROM messages FORCE INDEX (ux_id) WHERE id IN ({m}) \
+                 ORDER BY seq FOR UPDATE"
+            ),
             list(chunk),
         )
         .await?;
@@ -570,7 +579,7 @@ async fn insert_rows<C: Db>(st: &Inner, tx: &mut C, rows: &mut Vec<Deferred>) ->
     let mut seqs: HashMap<String, i64> = HashMap::with_capacity(ids.len());
     for chunk in ids.chunks(CHUNK) {
         let sql = format!(
-            "SELECT id, seq FROM messages WHERE id IN ({})",
+            "SELECT id, seq FROM messages FORCE INDEX (ux_id) WHERE id IN ({})",
             marks(chunk.len())
         );
         for r in &query(tx, &sql, list(chunk)).await? {
@@ -686,7 +695,8 @@ pub async fn lease<C: Db>(
         concat!(
             "SELECT ",
             columns!(),
-            ", key_blocked FROM messages WHERE seq IN ({}) FOR UPDATE SKIP LOCKED"
+            ", key_blocked FROM messages FORCE INDEX (PRIMARY) WHERE seq IN ({}) \
+             FOR UPDATE SKIP LOCKED"
         ),
         marks(seqs.len())
     );
@@ -730,7 +740,7 @@ pub async fn lease<C: Db>(
     let nonce = st.nonce();
     let ids: Vec<i64> = taken.iter().map(|r| r.seq).collect();
     let sql = format!(
-        "UPDATE messages SET lease_token = CONCAT(attempts + 1, '-', ?), attempts = attempts + 1, \
+        "UPDATE messages FORCE INDEX (PRIMARY) SET lease_token = CONCAT(attempts + 1, '-', ?), attempts = attempts + 1, \
          state = 2, leased_at = ?, lease_expires_at = ?, lease_end = NULL, updated_at = ?, \
          key_blocked = CASE WHEN key_blocked IS NULL THEN NULL ELSE TRUE END \
          WHERE seq IN ({})",
@@ -1155,7 +1165,8 @@ async fn promote<C: Db>(
             let seqs: Vec<i64> = rows.iter().map(|r| col(r, 0)).collect::<Result<_, _>>()?;
             for chunk in seqs.chunks(CHUNK) {
                 let sql = format!(
-                    "UPDATE messages SET state = 1, updated_at = ? WHERE seq IN ({})",
+                    "UPDATE messages FORCE INDEX (PRIMARY) SET state = 1, updated_at = ? \
+                     WHERE seq IN ({})",
                     marks(chunk.len())
                 );
                 let mut p: Vec<Value> = vec![t.into()];
@@ -1212,7 +1223,8 @@ pub async fn tick<C: Db>(
             concat!(
                 "SELECT ",
                 columns!(),
-                " FROM messages WHERE seq IN ({}) AND lease_due <= ? ORDER BY lease_due \
+                " FROM messages FORCE INDEX (PRIMARY) WHERE seq IN ({}) AND lease_due <= ? \
+                 ORDER BY lease_due \
                  FOR UPDATE SKIP LOCKED"
             ),
             marks(seqs.len())
@@ -1327,16 +1339,16 @@ pub async fn purge<C: Db>(
         }
     }
     for chunk in seqs.chunks(CHUNK) {
-        let m = marks(chunk.len());
+        let v = key_rows(chunk.len());
         execute(
             tx,
-            &format!("DELETE FROM messages WHERE seq IN ({m})"),
+            &format!("DELETE m FROM messages m JOIN ({v}) v ON m.seq = v.k"),
             list(chunk),
         )
         .await?;
         execute(
             tx,
-            &format!("DELETE FROM history WHERE message_seq IN ({m})"),
+            &format!("DELETE h FROM history h JOIN ({v}) v ON h.message_seq = v.k"),
             list(chunk),
         )
         .await?;
@@ -1520,7 +1532,7 @@ async fn locked_rows<C: Db>(tx: &mut C, ids: &[String]) -> Result<HashMap<String
             concat!(
                 "SELECT ",
                 columns!(),
-                " FROM messages WHERE id IN ({}) ORDER BY seq FOR UPDATE"
+                " FROM messages FORCE INDEX (ux_id) WHERE id IN ({}) ORDER BY seq FOR UPDATE"
             ),
             marks(chunk.len())
         );
@@ -1628,7 +1640,8 @@ async fn append_histories<C: Db>(tx: &mut C, entries: &[(i64, HistoryEntry)]) ->
     let mut last: HashMap<i64, i64> = HashMap::with_capacity(seqs.len());
     for chunk in seqs.chunks(CHUNK) {
         let sql = format!(
-            "SELECT message_seq, MAX(n) FROM history WHERE message_seq IN ({}) GROUP BY message_seq",
+            "SELECT message_seq, MAX(n) FROM history FORCE INDEX (PRIMARY) \
+             WHERE message_seq IN ({}) GROUP BY message_seq",
             marks(chunk.len())
         );
         for r in &query(tx, &sql, list(chunk)).await? {
