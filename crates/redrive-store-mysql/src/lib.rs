@@ -217,10 +217,6 @@ impl Ctx {
     }
 }
 
-/// Claims of one queue that one node runs at once (as the PostgreSQL store: concurrent
-/// claims all start at the head of `ready` and walk past each other's locked rows).
-const CLAIMS_PER_QUEUE: usize = 2;
-
 /// A transaction that conflicts (deadlock, lock wait timeout, a race on an idempotency
 /// key) or whose pooled connection was found dead before its commit is run again at most
 /// this many times.
@@ -276,7 +272,8 @@ pub(crate) struct Inner {
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Why the database cannot be reached now, as the last poll found.
     unavailable: Mutex<Option<String>>,
-    claims: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Claims gated and combined per queue on this node ([`MysqlStore::lease_at`]).
+    claims: redrive_storage::claims::Claims,
     conflicts: Conflicts,
 }
 
@@ -663,7 +660,7 @@ impl MysqlStore {
             stats: Mutex::new(CommitStats::default()),
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
-            claims: Mutex::new(std::collections::HashMap::new()),
+            claims: redrive_storage::claims::Claims::default(),
             conflicts: Conflicts::default(),
         });
         let every = opts
@@ -770,16 +767,14 @@ impl MysqlStore {
         now: Option<Timestamp>,
     ) -> Result<Vec<Leased>, StoreError> {
         let inner = &*self.inner;
-        let gate = {
-            let mut claims = inner.claims.lock().unwrap_or_else(|p| p.into_inner());
-            claims
-                .entry(req.queue.clone())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(CLAIMS_PER_QUEUE)))
-                .clone()
-        };
-        let _turn = gate.acquire().await.map_err(|_| StoreError::Closed)?;
-        write_tx!(self, |tx, cx| transitions::lease(inner, tx, cx, &req, now)
-            .await)
+        // Gated and combined per queue (`redrive_storage::claims`).
+        inner
+            .claims
+            .lease(req, |req| async move {
+                write_tx!(self, |tx, cx| transitions::lease(inner, tx, cx, &req, now)
+                    .await)
+            })
+            .await
     }
 
     /// [`Store::ack`] at `now` (`None`: the database's clock).

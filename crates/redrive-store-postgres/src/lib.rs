@@ -250,9 +250,6 @@ impl Ctx {
     }
 }
 
-/// Claims of one queue that one node runs at once (see [`PostgresStore::lease_at`]).
-const CLAIMS_PER_QUEUE: usize = 2;
-
 /// How often the health probe asks the database, and how long it waits for an answer.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
@@ -320,9 +317,8 @@ pub(crate) struct Inner {
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Why the database cannot be reached now, as the last probe found (`probe`).
     unavailable: Mutex<Option<String>>,
-    /// At most [`CLAIMS_PER_QUEUE`] claims at a time per queue on this node
-    /// ([`PostgresStore::lease_at`]).
-    claims: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Claims gated and combined per queue on this node ([`PostgresStore::lease_at`]).
+    claims: redrive_storage::claims::Claims,
 }
 
 impl Inner {
@@ -611,7 +607,7 @@ impl PostgresStore {
             stats: Mutex::new(CommitStats::default()),
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
-            claims: Mutex::new(std::collections::HashMap::new()),
+            claims: redrive_storage::claims::Claims::default(),
         });
         let prober = tokio::spawn(probe(inner.clone()));
         let (listening_tx, mut listening) = watch::channel(false);
@@ -698,21 +694,21 @@ impl PostgresStore {
         now: Option<Timestamp>,
     ) -> Result<Vec<Leased>, StoreError> {
         let inner = &*self.inner;
-        // At most CLAIMS_PER_QUEUE claims of one queue from one node at once: concurrent
-        // ones all start at the head of `ix_ready` and walk past each other's locked rows
-        // (`SKIP LOCKED` skips them, but still visits them), so 16 at once each took fewer
-        // rows for more work; a claim that waited takes what arrived meanwhile. Measured
-        // (retry cycles/s, docs/PERFORMANCE.md): unbounded 4,892 at 16 × 100; one at a time
-        // 8,419 but 2,354 at 8 × 10 (a lease is a round trip, and one at a time they queue);
-        // two 7,847 and 2,744; four 7,232 and 2,791. Other nodes' claims still skip ours.
-        let gate = {
-            let mut claims = inner.claims.lock().unwrap_or_else(|p| p.into_inner());
-            claims
-                .entry(req.queue.clone())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(CLAIMS_PER_QUEUE)))
-                .clone()
-        };
-        let _turn = gate.acquire().await.map_err(|_| StoreError::Closed)?;
+        // At most `claims::CLAIMS_PER_QUEUE` claims of one queue from one node at once, and
+        // the leases waiting for a turn claimed together (`redrive_storage::claims`).
+        // Measured with the gate alone (retry cycles/s, docs/PERFORMANCE.md): unbounded 4,892
+        // at 16 × 100; one at a time 8,419 but 2,354 at 8 × 10 (a lease is a round trip, and
+        // one at a time they queue); two 7,847 and 2,744; four 7,232 and 2,791.
+        inner.claims.lease(req, |req| self.claim(req, now)).await
+    }
+
+    /// One claim of `req` (its turn taken).
+    async fn claim(
+        &self,
+        req: LeaseRequest,
+        now: Option<Timestamp>,
+    ) -> Result<Vec<Leased>, StoreError> {
+        let inner = &*self.inner;
         self.check_open()?;
         let mut ctx = Ctx::default();
         let started = Instant::now();
