@@ -19,7 +19,9 @@
 //! job of the batch fails with it (a connection lost during a commit is `Unavailable`: its
 //! outcome is unknown, as for any single commit).
 //!
-//! Acks and nacks are set-based within a job (`transitions::ack_many`, `nack_many`, as the
+//! Jobs of one kind (publishes, acks or nacks, with one `now`) are merged into one call, as
+//! in the PostgreSQL store; a merged call refused as a whole runs its jobs one by one. Acks
+//! and nacks are set-based within a call (`transitions::ack_many`, `nack_many`, as the
 //! PostgreSQL store's; the rules of each item are `redrive_storage::settle`'s): a job of 100
 //! acks reads its rows in one statement and writes them in one, with its history in two,
 //! instead of about seven statements per item. A publish inserts its new messages that take
@@ -238,7 +240,92 @@ enum Fallback {
     Failed(StoreError),
 }
 
-/// Run `jobs` in one transaction, a savepoint each; one answer per job.
+impl Work {
+    /// Whether `self` and `other` can run as one call: one kind, one `now`.
+    fn merges_with(&self, other: &Work) -> bool {
+        match (self, other) {
+            (Work::Publish(_, a), Work::Publish(_, b))
+            | (Work::Ack(_, a), Work::Ack(_, b))
+            | (Work::Nack(_, a), Work::Nack(_, b)) => a == b,
+            _ => false,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Work::Publish(v, _) => v.len(),
+            Work::Ack(v, _) => v.len(),
+            Work::Nack(v, _) => v.len(),
+        }
+    }
+
+    /// The items of `works` (of one kind, one `now`: [`Work::merges_with`]) as one work.
+    fn merged(works: &[&Work]) -> Work {
+        macro_rules! all {
+            ($kind:ident, $now:expr) => {
+                Work::$kind(
+                    works
+                        .iter()
+                        .flat_map(|w| match w {
+                            Work::$kind(v, _) => v.clone(),
+                            _ => Vec::new(),
+                        })
+                        .collect(),
+                    $now,
+                )
+            };
+        }
+        match works[0] {
+            Work::Publish(_, now) => all!(Publish, *now),
+            Work::Ack(_, now) => all!(Ack, *now),
+            Work::Nack(_, now) => all!(Nack, *now),
+        }
+    }
+}
+
+impl Done {
+    /// The answers of a merged call split into one per job, of `lens` items each.
+    fn split(self, lens: &[usize]) -> Option<Vec<Done>> {
+        macro_rules! split {
+            ($kind:ident, $v:expr) => {{
+                let mut v = $v;
+                if v.len() != lens.iter().sum::<usize>() {
+                    return None;
+                }
+                let mut out = Vec::with_capacity(lens.len());
+                for &n in lens.iter().rev() {
+                    out.push(Done::$kind(v.split_off(v.len() - n)));
+                }
+                out.reverse();
+                Some(out)
+            }};
+        }
+        match self {
+            Done::Publish(v) => split!(Publish, v),
+            Done::Ack(v) => split!(Ack, v),
+            Done::Nack(v) => split!(Nack, v),
+        }
+    }
+}
+
+/// The jobs of a batch in groups that may run as one call (by index): each job joins the
+/// first group it merges with, so the groups keep the order of their first jobs.
+fn groups(works: &[&Work]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, w) in works.iter().enumerate() {
+        match out.iter_mut().find(|g| works[g[0]].merges_with(w)) {
+            Some(g) => g.push(i),
+            None => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Run `jobs` in one transaction; one answer per job. Jobs of one kind are merged into one
+/// call in a savepoint ([`Work::merged`]: 8 acks of 10 cost the statements of one ack of 80);
+/// if that call is refused as a whole (an idempotency conflict of one publish), it is rolled
+/// back to its savepoint and its jobs run one by one, a savepoint each, so that one job's
+/// refusal is still its own.
 async fn run_batch(inner: &Inner, jobs: &[Job]) -> Result<Vec<Result<Done, StoreError>>, Fallback> {
     let again = |e: E| Fallback::OneByOne(format!("{e:?}"));
     let mut conn = inner.conn().await.map_err(again)?;
@@ -249,24 +336,62 @@ async fn run_batch(inner: &Inner, jobs: &[Job]) -> Result<Vec<Result<Done, Store
     let works: Vec<&Work> = jobs.iter().map(|j| &j.work).collect();
     let r: Result<(Vec<Result<Done, StoreError>>, Ctx), E> = async {
         lock_work(inner, &mut tx, &works).await?;
-        let mut answers = Vec::with_capacity(jobs.len());
+        let mut answers: Vec<Option<Result<Done, StoreError>>> =
+            (0..jobs.len()).map(|_| None).collect();
         let mut ctx = Ctx::default();
-        for w in &works {
+        for group in groups(&works) {
             tx.query_drop("SAVEPOINT job").await?;
-            let mut job_ctx = Ctx::default();
-            match run_locked(inner, &mut tx, &mut job_ctx, w).await {
-                Ok(done) => {
-                    tx.query_drop("RELEASE SAVEPOINT job").await?;
-                    ctx.absorb(job_ctx);
-                    answers.push(Ok(done));
+            if group.len() > 1 {
+                let parts: Vec<&Work> = group.iter().map(|&i| works[i]).collect();
+                let lens: Vec<usize> = parts.iter().map(|w| w.len()).collect();
+                let mut job_ctx = Ctx::default();
+                match run_locked(inner, &mut tx, &mut job_ctx, &Work::merged(&parts)).await {
+                    Ok(done) => {
+                        let Some(each) = done.split(&lens) else {
+                            return Err(E::Db(StoreError::Backend(
+                                "a merged call answered a different number of items".into(),
+                            )));
+                        };
+                        tx.query_drop("RELEASE SAVEPOINT job").await?;
+                        ctx.absorb(job_ctx);
+                        for (&i, d) in group.iter().zip(each) {
+                            answers[i] = Some(Ok(d));
+                        }
+                        continue;
+                    }
+                    Err(E::Logic(_)) => {
+                        tx.query_drop("ROLLBACK TO SAVEPOINT job").await?;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(E::Logic(e)) => {
-                    tx.query_drop("ROLLBACK TO SAVEPOINT job").await?;
-                    answers.push(Err(e));
+            }
+            for (n, &i) in group.iter().enumerate() {
+                if n > 0 || group.len() > 1 {
+                    tx.query_drop("SAVEPOINT job").await?;
                 }
-                Err(e) => return Err(e),
+                let mut job_ctx = Ctx::default();
+                match run_locked(inner, &mut tx, &mut job_ctx, works[i]).await {
+                    Ok(done) => {
+                        tx.query_drop("RELEASE SAVEPOINT job").await?;
+                        ctx.absorb(job_ctx);
+                        answers[i] = Some(Ok(done));
+                    }
+                    Err(E::Logic(e)) => {
+                        tx.query_drop("ROLLBACK TO SAVEPOINT job").await?;
+                        answers[i] = Some(Err(e));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
+        let answers = answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or(Err(StoreError::Backend(
+                    "a job of a batch did not run".into(),
+                )))
+            })
+            .collect();
         Ok((answers, ctx))
     }
     .await;
