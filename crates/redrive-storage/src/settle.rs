@@ -149,3 +149,41 @@ pub fn nacks(
     }
     Ok(s)
 }
+
+/// Settle `$items` in item order: set-based (`$set`, given the items' references) where it
+/// can, one by one (`$alone`, given an item) an item with wait notes (the notes rewrite its
+/// history entries), and everything one by one when fewer than two would go set-based. An
+/// item's own refusal (`$E::Logic`, the backend's error type `$E`) is its answer; any other
+/// error ends the call. A macro, used by the backends inside an `async fn` returning
+/// `Result<Vec<Result<T, StoreError>>, $E>`: generic async closures over a transaction are
+/// not `Send`.
+#[macro_export]
+macro_rules! settle_many {
+    ($E:ident, $items:expr, |$n:ident| $has_notes:expr, |$refs:ident| $set:expr, |$it:ident| $alone:expr) => {{
+        let items = $items;
+        let (mut one_by_one, together): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| {
+                let $n = &items[i];
+                $has_notes
+            });
+        let mut out: Vec<Option<Result<_, $crate::StoreError>>> =
+            (0..items.len()).map(|_| None).collect();
+        if together.len() < 2 {
+            one_by_one = (0..items.len()).collect();
+        } else {
+            let $refs: Vec<&_> = together.iter().map(|&i| &items[i]).collect();
+            for (&i, r) in together.iter().zip($set.await?) {
+                out[i] = Some(r);
+            }
+        }
+        for i in one_by_one {
+            let $it = &items[i];
+            out[i] = Some(match $alone.await {
+                Ok(v) => Ok(v),
+                Err($E::Logic(e)) => Err(e),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(out.into_iter().flatten().collect())
+    }};
+}

@@ -1414,40 +1414,6 @@ async fn delete_pairs<C: Db>(
 
 // ---- set-based ack and nack ----
 
-/// Settle `$items` in item order: set-based (`$set`, given the items' references) where
-/// it can, one by one (`$alone`, given an item) an item with wait notes (the notes rewrite
-/// its history entries), and everything one by one when fewer than two would go
-/// set-based. An item's own refusal (`E::Logic`) is its answer; any other error ends the
-/// call. (A macro: generic async closures over the transaction are not `Send`.)
-macro_rules! settle_many {
-    ($items:expr, |$n:ident| $has_notes:expr, |$refs:ident| $set:expr, |$it:ident| $alone:expr) => {{
-        let items = $items;
-        let (mut one_by_one, together): (Vec<usize>, Vec<usize>) =
-            (0..items.len()).partition(|&i| {
-                let $n = &items[i];
-                $has_notes
-            });
-        let mut out: Vec<Option<Result<_, StoreError>>> = (0..items.len()).map(|_| None).collect();
-        if together.len() < 2 {
-            one_by_one = (0..items.len()).collect();
-        } else {
-            let $refs: Vec<&_> = together.iter().map(|&i| &items[i]).collect();
-            for (&i, r) in together.iter().zip($set.await?) {
-                out[i] = Some(r);
-            }
-        }
-        for i in one_by_one {
-            let $it = &items[i];
-            out[i] = Some(match $alone.await {
-                Ok(v) => Ok(v),
-                Err(E::Logic(e)) => Err(e),
-                Err(e) => return Err(e),
-            });
-        }
-        Ok(out.into_iter().flatten().collect())
-    }};
-}
-
 /// Ack `items`: set-based where it can ([`ack_set`]), one by one ([`ack`]) the items with
 /// wait notes; answers in item order. The caller has locked their rows and keys
 /// (`group_commit::lock_work`).
@@ -1458,7 +1424,8 @@ pub async fn ack_many<C: Db>(
     items: &[Ack],
     now: Timestamp,
 ) -> Result<Vec<Result<Acked, StoreError>>, E> {
-    settle_many!(
+    redrive_storage::settle_many!(
+        E,
         items,
         |a| !a.waited.is_empty(),
         |refs| ack_set(st, &mut *tx, &mut *cx, &refs, now),
@@ -1474,7 +1441,8 @@ pub async fn nack_many<C: Db>(
     items: &[Nack],
     now: Timestamp,
 ) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
-    settle_many!(
+    redrive_storage::settle_many!(
+        E,
         items,
         |n| !n.waited.is_empty(),
         |refs| nack_set(st, &mut *tx, &mut *cx, &refs, now),
