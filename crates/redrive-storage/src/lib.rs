@@ -26,6 +26,7 @@
 //! to call [`Store::tick`]; the store only says when it should next be called).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod batch;
 pub mod claims;
 pub mod cluster;
 mod error;

@@ -31,8 +31,8 @@ use crate::error::E;
 use crate::sql::resolve_now;
 use crate::{key_order, transitions, Ctx, Inner, MAX_RETRIES};
 use mysql_async::prelude::Queryable;
-use redrive_core::{MessageId, NewMessage, Timestamp};
-use redrive_storage::{Ack, Acked, FailureOutcome, Nack, Published, StoreError};
+use redrive_core::MessageId;
+use redrive_storage::{batch, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,21 +44,7 @@ pub const MAX_BATCH_JOBS: usize = 64;
 /// Depth of the batcher's queue: bounded, so a flood waits in its callers (back-pressure).
 const QUEUE_DEPTH: usize = 4_096;
 
-/// What a job does.
-#[derive(Debug)]
-pub enum Work {
-    Publish(Vec<NewMessage>, Option<Timestamp>),
-    Ack(Vec<Ack>, Option<Timestamp>),
-    Nack(Vec<Nack>, Option<Timestamp>),
-}
-
-/// What a job answers.
-#[derive(Debug)]
-pub enum Done {
-    Publish(Vec<Published>),
-    Ack(Vec<Result<Acked, StoreError>>),
-    Nack(Vec<Result<FailureOutcome, StoreError>>),
-}
+pub use redrive_storage::batch::{Done, Work};
 
 /// Run `work` in `tx` (the same code with or without group commit): lock what it changes,
 /// then run it.
@@ -240,89 +226,32 @@ enum Fallback {
     Failed(StoreError),
 }
 
-impl Work {
-    /// Whether `self` and `other` can run as one call: one kind, one `now`.
-    fn merges_with(&self, other: &Work) -> bool {
-        match (self, other) {
-            (Work::Publish(_, a), Work::Publish(_, b))
-            | (Work::Ack(_, a), Work::Ack(_, b))
-            | (Work::Nack(_, a), Work::Nack(_, b)) => a == b,
-            _ => false,
-        }
+/// The items of `works` (of one kind, one `now`: [`Work::merges_with`]) as one work: the
+/// jobs of a batch are borrowed, so their items are cloned.
+fn merged(works: &[&Work]) -> Work {
+    macro_rules! all {
+        ($kind:ident, $now:expr) => {
+            Work::$kind(
+                works
+                    .iter()
+                    .flat_map(|w| match w {
+                        Work::$kind(v, _) => v.clone(),
+                        _ => Vec::new(),
+                    })
+                    .collect(),
+                $now,
+            )
+        };
     }
-
-    fn len(&self) -> usize {
-        match self {
-            Work::Publish(v, _) => v.len(),
-            Work::Ack(v, _) => v.len(),
-            Work::Nack(v, _) => v.len(),
-        }
+    match works[0] {
+        Work::Publish(_, now) => all!(Publish, *now),
+        Work::Ack(_, now) => all!(Ack, *now),
+        Work::Nack(_, now) => all!(Nack, *now),
     }
-
-    /// The items of `works` (of one kind, one `now`: [`Work::merges_with`]) as one work.
-    fn merged(works: &[&Work]) -> Work {
-        macro_rules! all {
-            ($kind:ident, $now:expr) => {
-                Work::$kind(
-                    works
-                        .iter()
-                        .flat_map(|w| match w {
-                            Work::$kind(v, _) => v.clone(),
-                            _ => Vec::new(),
-                        })
-                        .collect(),
-                    $now,
-                )
-            };
-        }
-        match works[0] {
-            Work::Publish(_, now) => all!(Publish, *now),
-            Work::Ack(_, now) => all!(Ack, *now),
-            Work::Nack(_, now) => all!(Nack, *now),
-        }
-    }
-}
-
-impl Done {
-    /// The answers of a merged call split into one per job, of `lens` items each.
-    fn split(self, lens: &[usize]) -> Option<Vec<Done>> {
-        macro_rules! split {
-            ($kind:ident, $v:expr) => {{
-                let mut v = $v;
-                if v.len() != lens.iter().sum::<usize>() {
-                    return None;
-                }
-                let mut out = Vec::with_capacity(lens.len());
-                for &n in lens.iter().rev() {
-                    out.push(Done::$kind(v.split_off(v.len() - n)));
-                }
-                out.reverse();
-                Some(out)
-            }};
-        }
-        match self {
-            Done::Publish(v) => split!(Publish, v),
-            Done::Ack(v) => split!(Ack, v),
-            Done::Nack(v) => split!(Nack, v),
-        }
-    }
-}
-
-/// The jobs of a batch in groups that may run as one call (by index): each job joins the
-/// first group it merges with, so the groups keep the order of their first jobs.
-fn groups(works: &[&Work]) -> Vec<Vec<usize>> {
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    for (i, w) in works.iter().enumerate() {
-        match out.iter_mut().find(|g| works[g[0]].merges_with(w)) {
-            Some(g) => g.push(i),
-            None => out.push(vec![i]),
-        }
-    }
-    out
 }
 
 /// Run `jobs` in one transaction; one answer per job. Jobs of one kind are merged into one
-/// call in a savepoint ([`Work::merged`]: 8 acks of 10 cost the statements of one ack of 80);
+/// call in a savepoint ([`merged`]: 8 acks of 10 cost the statements of one ack of 80);
 /// if that call is refused as a whole (an idempotency conflict of one publish), it is rolled
 /// back to its savepoint and its jobs run one by one, a savepoint each, so that one job's
 /// refusal is still its own.
@@ -339,13 +268,13 @@ async fn run_batch(inner: &Inner, jobs: &[Job]) -> Result<Vec<Result<Done, Store
         let mut answers: Vec<Option<Result<Done, StoreError>>> =
             (0..jobs.len()).map(|_| None).collect();
         let mut ctx = Ctx::default();
-        for group in groups(&works) {
+        for group in batch::groups(&works) {
             tx.query_drop("SAVEPOINT job").await?;
             if group.len() > 1 {
                 let parts: Vec<&Work> = group.iter().map(|&i| works[i]).collect();
                 let lens: Vec<usize> = parts.iter().map(|w| w.len()).collect();
                 let mut job_ctx = Ctx::default();
-                match run_locked(inner, &mut tx, &mut job_ctx, &Work::merged(&parts)).await {
+                match run_locked(inner, &mut tx, &mut job_ctx, &merged(&parts)).await {
                     Ok(done) => {
                         let Some(each) = done.split(&lens) else {
                             return Err(E::Db(StoreError::Backend(

@@ -28,8 +28,7 @@ use crate::error::E;
 use crate::sql::resolve_now;
 use crate::{transitions, Ctx, Inner, MAX_RETRIES};
 use deadpool_postgres::Transaction;
-use redrive_core::{NewMessage, Timestamp};
-use redrive_storage::{Ack, Acked, FailureOutcome, Nack, Published, StoreError};
+use redrive_storage::{batch, StoreError};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -41,21 +40,7 @@ pub const MAX_BATCH_JOBS: usize = 128;
 /// Depth of the batcher's queue: bounded, so a flood waits in its callers (back-pressure).
 const QUEUE_DEPTH: usize = 4_096;
 
-/// What a job does.
-#[derive(Debug)]
-pub enum Work {
-    Publish(Vec<NewMessage>, Option<Timestamp>),
-    Ack(Vec<Ack>, Option<Timestamp>),
-    Nack(Vec<Nack>, Option<Timestamp>),
-}
-
-/// What a job answers.
-#[derive(Debug)]
-pub enum Done {
-    Publish(Vec<Published>),
-    Ack(Vec<Result<Acked, StoreError>>),
-    Nack(Vec<Result<FailureOutcome, StoreError>>),
-}
+pub use redrive_storage::batch::{Done, Work};
 
 /// Run `work` in `tx` (the same code with or without group commit).
 pub async fn run_work(
@@ -79,64 +64,6 @@ pub async fn run_work(
     })
 }
 
-impl Work {
-    /// Whether `self` and `other` can run as one call: one kind, one `now`.
-    fn merges_with(&self, other: &Work) -> bool {
-        match (self, other) {
-            (Work::Publish(_, a), Work::Publish(_, b))
-            | (Work::Ack(_, a), Work::Ack(_, b))
-            | (Work::Nack(_, a), Work::Nack(_, b)) => a == b,
-            _ => false,
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Work::Publish(v, _) => v.len(),
-            Work::Ack(v, _) => v.len(),
-            Work::Nack(v, _) => v.len(),
-        }
-    }
-
-    /// Move `other`'s items to the end of `self`'s (of the same kind).
-    fn append(&mut self, other: &mut Work) {
-        match (self, other) {
-            (Work::Publish(a, _), Work::Publish(b, _)) => a.append(b),
-            (Work::Ack(a, _), Work::Ack(b, _)) => a.append(b),
-            (Work::Nack(a, _), Work::Nack(b, _)) => a.append(b),
-            _ => unreachable!("only work of one kind is merged"),
-        }
-    }
-
-    /// Split off the last `n` items into a work of the same kind.
-    fn split_off_last(&mut self, n: usize) -> Work {
-        match self {
-            Work::Publish(v, now) => Work::Publish(v.split_off(v.len() - n), *now),
-            Work::Ack(v, now) => Work::Ack(v.split_off(v.len() - n), *now),
-            Work::Nack(v, now) => Work::Nack(v.split_off(v.len() - n), *now),
-        }
-    }
-}
-
-impl Done {
-    /// Split off the answers of the last `n` items.
-    fn split_off_last(&mut self, n: usize) -> Done {
-        match self {
-            Done::Publish(v) => Done::Publish(v.split_off(v.len() - n)),
-            Done::Ack(v) => Done::Ack(v.split_off(v.len() - n)),
-            Done::Nack(v) => Done::Nack(v.split_off(v.len() - n)),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Done::Publish(v) => v.len(),
-            Done::Ack(v) => v.len(),
-            Done::Nack(v) => v.len(),
-        }
-    }
-}
-
 /// Run the work of `jobs` (two or more, of one kind) as one call; one answer per job. The
 /// jobs get their items back whatever the outcome (a job may run again).
 async fn run_merged(
@@ -156,28 +83,22 @@ async fn run_merged(
     for (j, &n) in jobs.iter_mut().zip(&lens).rev() {
         j.work = all.split_off_last(n);
     }
-    let mut done = r?;
-    if done.len() != lens.iter().sum::<usize>() {
-        return Err(E::Logic(StoreError::Backend(
+    r?.split(&lens).ok_or_else(|| {
+        E::Logic(StoreError::Backend(
             "a merged call answered a different number of items".into(),
-        )));
-    }
-    let mut out: Vec<Done> = lens.iter().rev().map(|&n| done.split_off_last(n)).collect();
-    out.reverse();
-    Ok(out)
+        ))
+    })
 }
 
-/// The jobs of a batch in groups that may run as one call: each job joins the first
-/// group it merges with, so the groups keep the order of their first jobs.
+/// The jobs of a batch in groups that may run as one call ([`batch::groups`]).
 fn groups(batch: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut out: Vec<Vec<Job>> = Vec::new();
-    for job in batch {
-        match out.iter_mut().find(|g| g[0].work.merges_with(&job.work)) {
-            Some(g) => g.push(job),
-            None => out.push(vec![job]),
-        }
-    }
-    out
+    let works: Vec<&Work> = batch.iter().map(|j| &j.work).collect();
+    let groups = batch::groups(&works);
+    let mut jobs: Vec<Option<Job>> = batch.into_iter().map(Some).collect();
+    groups
+        .into_iter()
+        .map(|g| g.into_iter().filter_map(|i| jobs[i].take()).collect())
+        .collect()
 }
 
 /// A call waiting for its batch's commit.
