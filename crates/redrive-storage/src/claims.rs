@@ -15,6 +15,7 @@
 //! claim would): the messages come back then, an attempt later.
 
 use crate::{LeaseRequest, Leased, StoreError};
+use redrive_core::Timestamp;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,7 @@ struct Waiter {
     id: u64,
     max: u32,
     lease_ms: u64,
+    now: Option<Timestamp>,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -73,17 +75,19 @@ impl Claims {
             .clone()
     }
 
-    /// Lease `req` through its queue's gate: `claim` runs one claim (a request for up to
-    /// `max` rows of `queue` for `lease_ms`) and answers the rows it leased in claim order.
-    pub async fn lease<F, Fut>(&self, req: LeaseRequest, claim: F) -> Answer
+    /// Lease `req` at `now` (`None`: the store's clock) through its queue's gate: `claim`
+    /// runs one claim (a request for up to `max` rows of `queue` for `lease_ms`, at a
+    /// `now`) and answers the rows it leased in claim order. Only leases of one lease length
+    /// and one `now` are claimed together.
+    pub async fn lease<F, Fut>(&self, req: LeaseRequest, now: Option<Timestamp>, claim: F) -> Answer
     where
-        F: Fn(LeaseRequest) -> Fut,
+        F: Fn(LeaseRequest, Option<Timestamp>) -> Fut,
         Fut: Future<Output = Answer>,
     {
         let q = self.queue(&req.queue);
         if req.max_bytes.is_some() {
             let _turn = q.gate.acquire().await.map_err(|_| StoreError::Closed)?;
-            return claim(req).await;
+            return claim(req, now).await;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = oneshot::channel();
@@ -94,6 +98,7 @@ impl Claims {
                 id,
                 max: req.max.max(1),
                 lease_ms: req.lease_ms,
+                now,
                 reply,
             });
         // Take turns until some turn (ours or another's) has taken our lease, then wait for
@@ -119,13 +124,13 @@ impl Claims {
 /// Take the waiting leases of one lease length (the first waiter's) and claim for them.
 async fn serve<F, Fut>(q: &Queue, queue: &str, claim: &F)
 where
-    F: Fn(LeaseRequest) -> Fut,
+    F: Fn(LeaseRequest, Option<Timestamp>) -> Fut,
     Fut: Future<Output = Answer>,
 {
     let group: Vec<Waiter> = {
         let mut waiting = q.waiting.lock().unwrap_or_else(|p| p.into_inner());
         waiting.retain(|w| !w.reply.is_closed());
-        let Some(lease_ms) = waiting.first().map(|w| w.lease_ms) else {
+        let Some((lease_ms, now)) = waiting.first().map(|w| (w.lease_ms, w.now)) else {
             return;
         };
         let mut total = 0u32;
@@ -133,7 +138,8 @@ where
         let mut i = 0;
         while i < waiting.len() {
             let w = &waiting[i];
-            if w.lease_ms == lease_ms && (group.is_empty() || total + w.max <= MAX_COMBINED) {
+            let alike = w.lease_ms == lease_ms && w.now == now;
+            if alike && (group.is_empty() || total + w.max <= MAX_COMBINED) {
                 total += w.max;
                 group.push(waiting.remove(i));
             } else {
@@ -149,7 +155,7 @@ where
         lease_ms: group[0].lease_ms,
         max_bytes: None,
     };
-    match claim(req).await {
+    match claim(req, group[0].now).await {
         Ok(rows) => {
             let mut rows = rows.into_iter();
             for w in group {
@@ -203,7 +209,7 @@ mod tests {
     }
 
     impl Supply {
-        async fn claim(&self, req: LeaseRequest) -> Answer {
+        async fn claim(&self, req: LeaseRequest, _now: Option<Timestamp>) -> Answer {
             self.claims.fetch_add(1, Ordering::Relaxed);
             self.largest.fetch_max(req.max as usize, Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -229,7 +235,7 @@ mod tests {
                 let (claims, supply) = (claims.clone(), supply.clone());
                 tokio::spawn(async move {
                     claims
-                        .lease(req(10, 30_000), |r| supply.claim(r))
+                        .lease(req(10, 30_000), None, |r, now| supply.claim(r, now))
                         .await
                         .expect("lease")
                 })
@@ -247,17 +253,17 @@ mod tests {
         assert!(supply.largest.load(Ordering::Relaxed) > 10);
     }
 
-    /// Leases of another length are not merged into a claim of this one, a byte-bounded one
-    /// is claimed alone, and an error reaches every lease of its claim.
+    /// Leases of another length or another `now` are not merged into a claim of this one, a
+    /// byte-bounded one is claimed alone, and an error reaches every lease of its claim.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn lease_lengths_byte_bounds_and_errors_stay_apart() {
         let claims = Arc::new(Claims::default());
         let seen: Arc<Mutex<Vec<(u32, u64, bool)>>> = Arc::default();
-        let run = |r: LeaseRequest| {
+        let run = |r: LeaseRequest, now: Option<Timestamp>| {
             let (claims, seen) = (claims.clone(), seen.clone());
             tokio::spawn(async move {
                 claims
-                    .lease(r, |r| {
+                    .lease(r, now, |r, now| {
                         let seen = seen.clone();
                         async move {
                             seen.lock()
@@ -267,6 +273,9 @@ mod tests {
                             if r.lease_ms == 666 {
                                 return Err(StoreError::Unavailable("down".into()));
                             }
+                            if now.is_some() {
+                                return Err(StoreError::Backend("a test clock".into()));
+                            }
                             Ok((0..u64::from(r.max)).map(leased).collect())
                         }
                     })
@@ -274,16 +283,20 @@ mod tests {
             })
         };
         let mut tasks = Vec::new();
-        for i in 0..12u64 {
+        for i in 0..16u64 {
             let mut r = req(3, [1_000, 2_000, 666][(i % 3) as usize]);
             if i == 4 {
                 r.max_bytes = Some(1);
             }
-            tasks.push((r.lease_ms, r.max_bytes.is_some(), run(r)));
+            // A test's own clock: claimed apart from the leases on the store's clock.
+            let now = (i >= 12 && r.lease_ms != 666).then(|| Timestamp::from_millis(7));
+            tasks.push((r.lease_ms, r.max_bytes.is_some(), now, run(r, now)));
         }
-        for (lease_ms, bounded, t) in tasks {
+        for (lease_ms, bounded, now, t) in tasks {
             let got = t.await.unwrap();
-            if lease_ms == 666 {
+            if now.is_some() {
+                assert!(matches!(got, Err(StoreError::Backend(_))), "{got:?}");
+            } else if lease_ms == 666 {
                 assert!(matches!(got, Err(StoreError::Unavailable(_))), "{got:?}");
             } else {
                 let got = got.expect("lease");

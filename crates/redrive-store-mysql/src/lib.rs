@@ -770,7 +770,7 @@ impl MysqlStore {
         // Gated and combined per queue (`redrive_storage::claims`).
         inner
             .claims
-            .lease(req, |req| async move {
+            .lease(req, now, |req, now| async move {
                 write_tx!(self, |tx, cx| transitions::lease(inner, tx, cx, &req, now)
                     .await)
             })

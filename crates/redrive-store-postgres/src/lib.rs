@@ -699,7 +699,10 @@ impl PostgresStore {
         // Measured with the gate alone (retry cycles/s, docs/PERFORMANCE.md): unbounded 4,892
         // at 16 × 100; one at a time 8,419 but 2,354 at 8 × 10 (a lease is a round trip, and
         // one at a time they queue); two 7,847 and 2,744; four 7,232 and 2,791.
-        inner.claims.lease(req, |req| self.claim(req, now)).await
+        inner
+            .claims
+            .lease(req, now, |req, now| self.claim(req, now))
+            .await
     }
 
     /// One claim of `req` (its turn taken).
