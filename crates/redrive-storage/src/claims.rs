@@ -43,7 +43,7 @@ struct Waiter {
 
 /// One queue's gate and waiting leases.
 struct Queue {
-    gate: Arc<Semaphore>,
+    gate: Semaphore,
     waiting: Mutex<Vec<Waiter>>,
 }
 
@@ -68,7 +68,7 @@ impl Claims {
             .entry(name.to_owned())
             .or_insert_with(|| {
                 Arc::new(Queue {
-                    gate: Arc::new(Semaphore::new(CLAIMS_PER_QUEUE)),
+                    gate: Semaphore::new(CLAIMS_PER_QUEUE),
                     waiting: Mutex::new(Vec::new()),
                 })
             })
@@ -121,34 +121,34 @@ impl Claims {
     }
 }
 
-/// Take the waiting leases of one lease length (the first waiter's) and claim for them.
+/// Take the waiting leases of one lease length and one `now` (the first waiter's) and claim
+/// for them.
 async fn serve<F, Fut>(q: &Queue, queue: &str, claim: &F)
 where
     F: Fn(LeaseRequest, Option<Timestamp>) -> Fut,
     Fut: Future<Output = Answer>,
 {
-    let group: Vec<Waiter> = {
+    let (group, total) = {
         let mut waiting = q.waiting.lock().unwrap_or_else(|p| p.into_inner());
         waiting.retain(|w| !w.reply.is_closed());
         let Some((lease_ms, now)) = waiting.first().map(|w| (w.lease_ms, w.now)) else {
             return;
         };
+        // The first waiter and those alike that fit, in their order; the rest wait on.
         let mut total = 0u32;
-        let mut group = Vec::new();
-        let mut i = 0;
-        while i < waiting.len() {
-            let w = &waiting[i];
-            let alike = w.lease_ms == lease_ms && w.now == now;
-            if alike && (group.is_empty() || total + w.max <= MAX_COMBINED) {
-                total += w.max;
-                group.push(waiting.remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        group
+        let (group, rest): (Vec<Waiter>, Vec<Waiter>) =
+            std::mem::take(&mut *waiting).into_iter().partition(|w| {
+                let take = w.lease_ms == lease_ms
+                    && w.now == now
+                    && (total == 0 || total + w.max <= MAX_COMBINED);
+                if take {
+                    total += w.max;
+                }
+                take
+            });
+        *waiting = rest;
+        (group, total)
     };
-    let total: u32 = group.iter().map(|w| w.max).sum();
     let req = LeaseRequest {
         queue: queue.to_owned(),
         max: total,

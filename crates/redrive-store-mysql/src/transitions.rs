@@ -220,30 +220,8 @@ pub async fn append_history<C: Db>(
     seq: i64,
     entries: &[&HistoryEntry],
 ) -> Result<(), E> {
-    if entries.is_empty() {
-        return Ok(());
-    }
-    let r = query_one(
-        tx,
-        "SELECT COALESCE(MAX(n), 0) FROM history WHERE message_seq = ?",
-        args![seq],
-    )
-    .await?;
-    let last: i64 = col(&r, 0)?;
-    let mut p: Vec<Value> = Vec::with_capacity(entries.len() * 3);
-    for (i, e) in entries.iter().enumerate() {
-        p.push(seq.into());
-        p.push((last + 1 + i as i64).into());
-        p.push(serde_json::to_string(e)?.into());
-    }
-    let values = vec!["(?, ?, ?)"; entries.len()].join(", ");
-    execute(
-        tx,
-        &format!("INSERT INTO history (message_seq, n, entry) VALUES {values}"),
-        Params::Positional(p),
-    )
-    .await?;
-    Ok(())
+    let entries: Vec<(i64, &HistoryEntry)> = entries.iter().map(|e| (seq, *e)).collect();
+    append_histories(tx, &entries).await
 }
 
 /// Note a push message's waits before its attempt `attempt` ([`redrive_core::note_wait`]
@@ -600,6 +578,7 @@ async fn insert_rows<C: Db>(st: &Inner, tx: &mut C, rows: &mut Vec<Deferred>) ->
         }
         entries.extend(d.history.into_iter().map(|e| (seq, e)));
     }
+    let entries: Vec<(i64, &HistoryEntry)> = entries.iter().map(|(q, e)| (*q, e)).collect();
     append_histories(tx, &entries).await?;
     ready_insert(st, tx, &ready).await
 }
@@ -1466,9 +1445,8 @@ async fn ack_set<C: Db>(
 ) -> Result<Vec<Result<Acked, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|a| a.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
-    let before = states(&rows);
     let s = settle::acks(&mut rows, items, now);
-    write_settled(st, tx, cx, &rows, &before, &s).await?;
+    write_settled(st, tx, cx, &rows, &s).await?;
     Ok(s.answers)
 }
 
@@ -1483,17 +1461,9 @@ async fn nack_set<C: Db>(
 ) -> Result<Vec<Result<FailureOutcome, StoreError>>, E> {
     let ids: Vec<String> = items.iter().map(|n| n.lease.id.to_string()).collect();
     let mut rows = locked_rows(tx, &ids).await?;
-    let before = states(&rows);
     let s = st.with_rng(|rng| settle::nacks(&mut rows, items, &st.catalog, rng, now))?;
-    write_settled(st, tx, cx, &rows, &before, &s).await?;
+    write_settled(st, tx, cx, &rows, &s).await?;
     Ok(s.answers)
-}
-
-/// Each row's state, by id, before the rules change it.
-fn states(rows: &HashMap<String, Row>) -> HashMap<String, State> {
-    rows.iter()
-        .map(|(id, r)| (id.clone(), r.life.state))
-        .collect()
 }
 
 /// Lock the rows of `ids` (in `seq` order) and read them; by id.
@@ -1519,16 +1489,15 @@ async fn locked_rows<C: Db>(tx: &mut C, ids: &[String]) -> Result<HashMap<String
 /// Rows of one set-based lifecycle write.
 const LIVES_CHUNK: usize = 200;
 
-/// Write what a set-based ack or nack decided (`s`, over `rows`, which were in the states
-/// `before`): the rows' lifecycles in one statement per [`LIVES_CHUNK`] rows (an `UPDATE`
-/// joined to the new values), their `ready` rows, their history entries, then per-key
-/// ordering and wake-ups.
+/// Write what a set-based ack or nack decided (`s`, over `rows`): the rows' lifecycles in one
+/// statement per [`LIVES_CHUNK`] rows (an `UPDATE` joined to the new values), the `ready`
+/// rows of those now ready (every row written held a live lease, so none was in `ready`),
+/// their history entries, then per-key ordering and wake-ups.
 async fn write_settled<C: Db, T>(
     st: &Inner,
     tx: &mut C,
     cx: &mut Ctx,
     rows: &HashMap<String, Row>,
-    before: &HashMap<String, State>,
     s: &settle::Settlement<T>,
 ) -> Result<(), E> {
     let changed: Vec<&Row> = s.written.iter().filter_map(|id| rows.get(id)).collect();
@@ -1583,14 +1552,9 @@ async fn write_settled<C: Db, T>(
         .filter(|r| r.life.state == State::Ready)
         .map(|r| r.seq)
         .collect();
-    let left_ready: Vec<i64> = changed
-        .iter()
-        .filter(|r| r.life.state != State::Ready && before.get(&r.id) == Some(&State::Ready))
-        .map(|r| r.seq)
-        .collect();
     ready_insert(st, tx, &now_ready).await?;
-    ready_delete(tx, &left_ready).await?;
-    append_histories(tx, &s.entries).await?;
+    let entries: Vec<(i64, &HistoryEntry)> = s.entries.iter().map(|(q, e)| (*q, e)).collect();
+    append_histories(tx, &entries).await?;
     for r in changed {
         key_order::settle(st, tx, &r.queue, r.key.as_deref(), r.seq).await?;
         cx.changes += 1;
@@ -1602,7 +1566,7 @@ async fn write_settled<C: Db, T>(
 /// Append history entries `(seq, entry)`, in order (several for one seq get consecutive
 /// numbers): one statement reads each message's last number, one inserts them all. Every
 /// message's row is locked by the caller.
-async fn append_histories<C: Db>(tx: &mut C, entries: &[(i64, HistoryEntry)]) -> Result<(), E> {
+async fn append_histories<C: Db>(tx: &mut C, entries: &[(i64, &HistoryEntry)]) -> Result<(), E> {
     if entries.is_empty() {
         return Ok(());
     }
