@@ -29,7 +29,7 @@ pub fn channel(schema: &str) -> String {
 /// Send the notices of one transaction (queue → how many became ready), from store `node`;
 /// nothing without a channel (notices off).
 pub async fn send(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     channel: Option<&str>,
     node: u64,
     ready: &[(String, u32)],
@@ -44,7 +44,8 @@ pub async fn send(
         .iter()
         .map(|(q, n)| format!("{node:016x} {n} {q}"))
         .collect();
-    tx.execute(
+    crate::sql::execute(
+        tx,
         "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
         &[&channel, &payloads],
     )

@@ -213,3 +213,52 @@ async fn purge_and_delete_take_the_history_rows_with_them() {
     assert_eq!(purged.done_deleted.iter().map(|(_, n)| n).sum::<u64>(), 2);
     assert_eq!(rows(guard.0.clone()).await, 0, "the purge left history");
 }
+
+/// A claim runs inside its own transaction, the one that set `synchronous_commit = off`
+/// (a lease is not promised durability): a statement-level trigger on `messages` records
+/// the setting each claim's `UPDATE` ran under. (The claim was once sent as text, prepared
+/// in a round trip of its own, and its execution went out after the pipelined `COMMIT`: it
+/// ran alone, committed synchronously, and every claim waited for a flush.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_runs_in_its_asynchronous_transaction() {
+    let (s, guard) = common::open(PREFIX, Setup::default()).await;
+    let schema = guard.0.clone();
+    common::run_blocking(format!(
+        "CREATE TABLE {schema}.seen (setting text NOT NULL); \
+         CREATE FUNCTION {schema}.note_setting() RETURNS trigger LANGUAGE plpgsql AS $$ \
+           BEGIN INSERT INTO {schema}.seen VALUES (current_setting('synchronous_commit')); \
+           RETURN NULL; END $$; \
+         CREATE TRIGGER note_setting AFTER UPDATE ON {schema}.messages \
+           FOR EACH STATEMENT EXECUTE FUNCTION {schema}.note_setting();"
+    ));
+    s.publish(
+        (0..4).map(|i| NewMessage::new(Q, json!(i))).collect(),
+        Some(at(0)),
+    )
+    .await
+    .unwrap();
+    // The database's clock and a given one; several on one connection (the statement is
+    // prepared once per connection, then reused).
+    for now in [None, Some(at(1)), None, Some(at(2))] {
+        assert_eq!(s.lease(req(1, None), now).await.unwrap().len(), 1);
+    }
+    let (c, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let seen: Vec<String> = c
+        .query(&format!("SELECT setting FROM {schema}.seen"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        seen,
+        vec!["off"; 4],
+        "each claim under its transaction's setting"
+    );
+    drop(c);
+    let _ = conn.await;
+    s.close().await;
+}
