@@ -59,33 +59,58 @@ impl Timestamp {
 
     /// RFC 3339, UTC, millisecond precision: `2026-01-31T12:00:00.000Z`.
     pub fn to_rfc3339(self) -> String {
-        let secs = self.0.div_euclid(1000);
-        let ms = self.0.rem_euclid(1000);
-        match OffsetDateTime::from_unix_timestamp(secs) {
-            Ok(dt) => format!(
-                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-                dt.year(),
-                u8::from(dt.month()),
-                dt.day(),
-                dt.hour(),
-                dt.minute(),
-                dt.second(),
-                ms
-            ),
-            Err(_) => format!("{}ms", self.0),
+        let mut buf = [0u8; RFC3339_LEN];
+        match self.rfc3339_in(&mut buf) {
+            Some(s) => s.to_owned(),
+            None => format!("{}ms", self.0),
         }
+    }
+
+    /// [`Self::to_rfc3339`] written into `buf`, digit by digit (every history entry, and so
+    /// every settle, renders a few: `format!` was 8 % of the embedded writer's time); `None`
+    /// outside years 0000–9999, which RFC 3339 cannot write.
+    fn rfc3339_in(self, buf: &mut [u8; RFC3339_LEN]) -> Option<&str> {
+        let dt = OffsetDateTime::from_unix_timestamp(self.0.div_euclid(1000)).ok()?;
+        let year = u32::try_from(dt.year()).ok().filter(|y| *y <= 9999)?;
+        let ms = self.0.rem_euclid(1000) as u32;
+        fn put(buf: &mut [u8], at: usize, digits: usize, mut v: u32) {
+            for i in (0..digits).rev() {
+                buf[at + i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        }
+        buf.copy_from_slice(b"0000-00-00T00:00:00.000Z");
+        put(buf, 0, 4, year);
+        put(buf, 5, 2, u32::from(u8::from(dt.month())));
+        put(buf, 8, 2, u32::from(dt.day()));
+        put(buf, 11, 2, u32::from(dt.hour()));
+        put(buf, 14, 2, u32::from(dt.minute()));
+        put(buf, 17, 2, u32::from(dt.second()));
+        put(buf, 20, 3, ms);
+        std::str::from_utf8(buf).ok()
     }
 }
 
+/// Length of [`Timestamp::to_rfc3339`]'s text for years 0000–9999.
+const RFC3339_LEN: usize = 24;
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_rfc3339())
+        let mut buf = [0u8; RFC3339_LEN];
+        match self.rfc3339_in(&mut buf) {
+            Some(s) => f.write_str(s),
+            None => write!(f, "{}ms", self.0),
+        }
     }
 }
 
 impl serde::Serialize for Timestamp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_rfc3339())
+        let mut buf = [0u8; RFC3339_LEN];
+        match self.rfc3339_in(&mut buf) {
+            Some(text) => s.serialize_str(text),
+            None => s.serialize_str(&format!("{}ms", self.0)),
+        }
     }
 }
 
@@ -117,5 +142,72 @@ mod tests {
     fn rejects_garbage() {
         assert!(Timestamp::parse("tomorrow").is_err());
         assert!(Timestamp::parse("2026-01-31").is_err());
+    }
+
+    /// The digit-by-digit text is what `format!` over `time`'s fields wrote (the old code)
+    /// for years 0000–9999, and the millisecond form outside them (before year 0 the old
+    /// code wrote a negative year, which no RFC 3339 parser reads back either).
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn by_format(t: Timestamp) -> String {
+            let ms = t.0.rem_euclid(1000);
+            match OffsetDateTime::from_unix_timestamp(t.0.div_euclid(1000)) {
+                Ok(dt) if (0..=9999).contains(&dt.year()) => format!(
+                    "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                    dt.year(),
+                    u8::from(dt.month()),
+                    dt.day(),
+                    dt.hour(),
+                    dt.minute(),
+                    dt.second(),
+                    ms
+                ),
+                _ => format!("{}ms", t.0),
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn renders_as_format_did(ms in -62_200_000_000_000i64..253_500_000_000_000i64) {
+                let t = Timestamp::from_millis(ms);
+                let text = t.to_rfc3339();
+                prop_assert_eq!(&text, &by_format(t));
+                prop_assert_eq!(t.to_string(), text.clone());
+                prop_assert_eq!(serde_json::to_string(&t).unwrap(), format!("\"{text}\""));
+                if !text.ends_with("ms") {
+                    prop_assert_eq!(Timestamp::parse(&text).unwrap(), t);
+                }
+            }
+        }
+
+        #[test]
+        fn the_ends() {
+            assert_eq!(
+                Timestamp::from_millis(0).to_rfc3339(),
+                "1970-01-01T00:00:00.000Z"
+            );
+            assert_eq!(
+                Timestamp::from_millis(-1).to_rfc3339(),
+                "1969-12-31T23:59:59.999Z"
+            );
+            let first = Timestamp::parse("0000-01-01T00:00:00Z").unwrap();
+            assert_eq!(first.to_rfc3339(), "0000-01-01T00:00:00.000Z");
+            let before = Timestamp::from_millis(first.0 - 1);
+            assert_eq!(before.to_rfc3339(), format!("{}ms", first.0 - 1));
+            let last = Timestamp::parse("9999-12-31T23:59:59.999Z").unwrap();
+            assert_eq!(last.to_rfc3339(), "9999-12-31T23:59:59.999Z");
+            let after = Timestamp::from_millis(last.0 + 1);
+            assert_eq!(after.to_rfc3339(), format!("{}ms", last.0 + 1));
+            assert_eq!(
+                Timestamp::from_millis(i64::MIN).to_string(),
+                format!("{}ms", i64::MIN)
+            );
+            assert_eq!(
+                Timestamp::from_millis(i64::MAX).to_string(),
+                format!("{}ms", i64::MAX)
+            );
+        }
     }
 }
