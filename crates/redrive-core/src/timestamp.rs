@@ -59,10 +59,16 @@ impl Timestamp {
 
     /// RFC 3339, UTC, millisecond precision: `2026-01-31T12:00:00.000Z`.
     pub fn to_rfc3339(self) -> String {
+        self.with_text(str::to_owned)
+    }
+
+    /// `f` of this instant's text: [`Self::to_rfc3339`]'s, or its milliseconds (`…ms`)
+    /// outside years 0000–9999; without allocating in the usual case.
+    fn with_text<R>(self, f: impl FnOnce(&str) -> R) -> R {
         let mut buf = [0u8; RFC3339_LEN];
         match self.rfc3339_in(&mut buf) {
-            Some(s) => s.to_owned(),
-            None => format!("{}ms", self.0),
+            Some(s) => f(s),
+            None => f(&format!("{}ms", self.0)),
         }
     }
 
@@ -96,21 +102,13 @@ const RFC3339_LEN: usize = 24;
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut buf = [0u8; RFC3339_LEN];
-        match self.rfc3339_in(&mut buf) {
-            Some(s) => f.write_str(s),
-            None => write!(f, "{}ms", self.0),
-        }
+        self.with_text(|s| f.write_str(s))
     }
 }
 
 impl serde::Serialize for Timestamp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut buf = [0u8; RFC3339_LEN];
-        match self.rfc3339_in(&mut buf) {
-            Some(text) => s.serialize_str(text),
-            None => s.serialize_str(&format!("{}ms", self.0)),
-        }
+        self.with_text(|text| s.serialize_str(text))
     }
 }
 

@@ -281,12 +281,10 @@ pub async fn publish(
 /// Lease up to `req.max` ready messages of `req.queue` ([`LEASE_SQL`]) on `client`, in one
 /// round trip: `BEGIN`, the setting, the claim and `COMMIT` are pipelined, and the claim
 /// reads the database's clock itself when `now` is `None` (no round trip for it). The claim
-/// is a statement prepared once per connection: a statement given as text is prepared
-/// first, a round trip of its own, so its `BIND` went out after the `COMMIT` and the claim
-/// ran alone outside the transaction, parsed and planned each time and committed
-/// synchronously (a third of the database's time at 8 × 10). Not retried on a lost
-/// connection: the claim may have committed, and a second one would charge an attempt
-/// nobody was handed.
+/// must be prepared before: given as text, it is prepared in a round trip of its own and
+/// its execution goes out after the `COMMIT`, outside the transaction (test
+/// `a_claim_runs_in_its_asynchronous_transaction`). Not retried on a lost connection: the
+/// claim may have committed, and a second one would charge an attempt nobody was handed.
 pub async fn lease(
     st: &Inner,
     client: &deadpool_postgres::Client,

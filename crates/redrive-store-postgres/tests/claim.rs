@@ -76,10 +76,7 @@ async fn throughput() {
             .await
             .expect("open"),
     );
-    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = common::connect().await;
     let lsn = || async {
         client
             .query_one("SELECT pg_current_wal_lsn()::text", &[])
@@ -195,10 +192,7 @@ async fn purge_and_delete_take_the_history_rows_with_them() {
         r.unwrap();
     }
     let rows = |schema: String| async move {
-        let (c, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let c = common::connect().await;
         let n: i64 = c
             .query_one(&format!("SELECT count(*) FROM {schema}.history"), &[])
             .await
@@ -242,10 +236,7 @@ async fn a_claim_runs_in_its_asynchronous_transaction() {
     for now in [None, Some(at(1)), None, Some(at(2))] {
         assert_eq!(s.lease(req(1, None), now).await.unwrap().len(), 1);
     }
-    let (c, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let c = common::connect().await;
     let seen: Vec<String> = c
         .query(&format!("SELECT setting FROM {schema}.seen"), &[])
         .await
@@ -259,6 +250,5 @@ async fn a_claim_runs_in_its_asynchronous_transaction() {
         "each claim under its transaction's setting"
     );
     drop(c);
-    let _ = conn.await;
     s.close().await;
 }

@@ -49,10 +49,7 @@ async fn opening_twice_and_at_once_migrates_once() {
 }
 
 async fn query_one_i64(sql: &str) -> i64 {
-    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = common::connect().await;
     client
         .query_one(sql, &[])
         .await
@@ -229,10 +226,7 @@ async fn an_unreachable_server_is_unavailable() {
 async fn synchronous_commit_is_read_and_the_database_clock_is_used_without_a_time() {
     let (s, _guard) = common::open(PREFIX, Setup::default()).await;
     let expected = {
-        let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(conn);
+        let client = common::connect().await;
         let v: String = client
             .query_one("SHOW synchronous_commit", &[])
             .await
@@ -344,10 +338,7 @@ async fn lost_connections_are_unavailable_then_recovered() {
     // row lock another session holds, and its backend is terminated meanwhile. Nothing of
     // it committed, so it runs again on a new connection and succeeds once the lock goes.
     let id = stats_first_id(&s).await;
-    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = common::connect().await;
     client
         .batch_execute(&format!(
             "BEGIN; SELECT 1 FROM {}.messages FOR UPDATE",

@@ -13,17 +13,14 @@ use redrive_storage::{Ack, LeaseRef, LeaseRequest, Store};
 use redrive_store_postgres::PostgresStore;
 use serde_json::json;
 use std::time::Duration;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 const PREFIX: &str = "redrive_t_sqlpub";
 
 /// A store on a fresh schema, and an application's connection to the same database.
 async fn setup() -> (PostgresStore, Client, common::SchemaGuard) {
     let (store, guard) = common::open(PREFIX, Setup::default()).await;
-    let (client, conn) = tokio_postgres::connect(&common::url(), NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let client = common::connect().await;
     (store, client, guard)
 }
 

@@ -43,6 +43,15 @@ pub fn run_blocking(sql: String) {
     }
 }
 
+/// A connection of the test's own to the database (its connection task spawned).
+pub async fn connect() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(conn);
+    client
+}
+
 static STALE: Once = Once::new();
 
 /// Drop the schemas earlier runs of this test binary left behind (killed before their
