@@ -110,11 +110,19 @@ pub async fn leave<C: Db>(tx: &mut C, incarnation: &str, now: Option<Timestamp>)
     Ok(())
 }
 
-/// The nodes, oldest first, and the live leader.
-pub async fn view<C: Db>(c: &mut C, now: Option<Timestamp>) -> Result<ClusterView, E> {
-    let now = resolve_now(c, now).await?;
+/// The nodes, oldest first, and the live leader, read in one consistent snapshot
+/// (`REPEATABLE READ`, the connection's own level being `READ COMMITTED`): read apart, a
+/// heartbeat committing between them showed its leadership with its node missing from the
+/// list (shared-handles case `a_cluster_view_is_one_moment`).
+pub async fn view(c: &mut mysql_async::Conn, now: Option<Timestamp>) -> Result<ClusterView, E> {
+    let mut opts = mysql_async::TxOpts::default();
+    opts.with_isolation_level(mysql_async::IsolationLevel::RepeatableRead)
+        .with_consistent_snapshot(true)
+        .with_readonly(true);
+    let mut tx = c.start_transaction(opts).await?;
+    let now = resolve_now(&mut tx, now).await?;
     let rows = query(
-        c,
+        &mut tx,
         "SELECT node, incarnation, address, version, started_at, last_seen FROM nodes \
          ORDER BY started_at, incarnation",
         Params::Empty,
@@ -131,7 +139,8 @@ pub async fn view<C: Db>(c: &mut C, now: Option<Timestamp>) -> Result<ClusterVie
             last_seen: Timestamp::from_millis(col(r, 5)?),
         });
     }
-    let (current, _) = leader_row(c, false).await?;
+    let (current, _) = leader_row(&mut tx, false).await?;
+    tx.commit().await?;
     Ok(ClusterView {
         at: now,
         nodes,

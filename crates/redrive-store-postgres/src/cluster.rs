@@ -154,10 +154,24 @@ pub async fn leave(
 }
 
 /// The nodes, oldest first, and the live leader.
-pub async fn view<C: GenericClient>(c: &C, now: Option<Timestamp>) -> Result<ClusterView, E> {
-    let now = resolve_now(c, now).await?;
+///
+/// Both are read in one snapshot (`REPEATABLE READ`): read apart, a heartbeat committing
+/// between them showed its leadership with its node missing from the list, and a leave
+/// the list with the leaver in it and its successor leading (shared-handles case
+/// `a_cluster_view_is_one_moment`).
+pub async fn view(
+    c: &mut deadpool_postgres::Client,
+    now: Option<Timestamp>,
+) -> Result<ClusterView, E> {
+    let tx = c
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let now = resolve_now(&tx, now).await?;
     let rows = query(
-        c,
+        &tx,
         "SELECT node, incarnation, address, version, started_at, last_seen FROM nodes \
          ORDER BY started_at, incarnation",
         &[],
@@ -174,10 +188,12 @@ pub async fn view<C: GenericClient>(c: &C, now: Option<Timestamp>) -> Result<Clu
             last_seen: Timestamp::from_millis(r.try_get(5)?),
         });
     }
+    let leader = live_leader(&tx, now).await?;
+    tx.commit().await?;
     Ok(ClusterView {
         at: now,
         nodes,
-        leader: live_leader(c, now).await?,
+        leader,
     })
 }
 

@@ -1137,7 +1137,10 @@ impl Store for PostgresStore {
     }
 
     async fn cluster(&self, now: Option<Timestamp>) -> Result<ClusterView, StoreError> {
-        read!(self, |c| cluster::view(&c, now).await)
+        read!(self, |c| {
+            let mut c = c;
+            cluster::view(&mut c, now).await
+        })
     }
 
     async fn endpoint_trip(

@@ -236,6 +236,46 @@ pub fn heartbeats_on_both_handles_elect_one_leader<S: Store>(
     })
 }
 
+/// A view of the cluster is one moment: while nodes join, lead and leave one after
+/// another on one handle, every view taken on the other that names a leader lists that
+/// leader among its nodes (a heartbeat records the node and its leadership together, and a
+/// leave forgets both together, so only a view read in two moments can split them).
+pub fn a_cluster_view_is_one_moment<S: Store>(a: Arc<S>, b: Arc<S>) -> super::CaseFuture {
+    Box::pin(async move {
+        use super::cluster::beat;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let done = done.clone();
+            tokio::spawn(async move {
+                for i in 0..150 {
+                    let node = format!("c{i}");
+                    a.heartbeat(beat(&node, true), None).await.expect("beat");
+                    a.leave(format!("{node}-1"), None).await.expect("leave");
+                }
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let (mut views, mut led) = (0u32, 0u32);
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            let view = b.cluster(None).await.expect("cluster");
+            views += 1;
+            if let Some(l) = &view.leader {
+                led += 1;
+                assert!(
+                    view.nodes.iter().any(|n| n.incarnation == l.incarnation),
+                    "view {views}: the leader {} is not among the nodes: {view:?}",
+                    l.incarnation
+                );
+            }
+        }
+        churn.await.expect("churn task");
+        assert!(
+            led > 0,
+            "no view of {views} saw a leader: the case proved nothing"
+        );
+    })
+}
+
 /// A console session opened on one handle is found on the other, and ended there it is
 /// gone on both; both handles asking for the shared secret at once get one and the same.
 pub fn a_session_from_one_handle_is_known_and_ended_on_the_other<S: Store>(
@@ -324,6 +364,10 @@ pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
             heartbeats_on_both_handles_elect_one_leader::<S>,
         ),
         (
+            "a_cluster_view_is_one_moment",
+            a_cluster_view_is_one_moment::<S>,
+        ),
+        (
             "a_session_from_one_handle_is_known_and_ended_on_the_other",
             a_session_from_one_handle_is_known_and_ended_on_the_other::<S>,
         ),
@@ -362,6 +406,7 @@ macro_rules! conformance_shared_tests {
                 a_lease_from_one_handle_settles_on_the_other,
                 a_publish_on_one_handle_wakes_the_other,
                 heartbeats_on_both_handles_elect_one_leader,
+                a_cluster_view_is_one_moment,
                 a_session_from_one_handle_is_known_and_ended_on_the_other,
                 a_trip_on_one_handle_is_seen_on_the_other,
             );
