@@ -91,7 +91,7 @@ async fn share_when(s: &TestServer, nodes: u64) -> Vec<Value> {
 /// Three nodes push to two endpoints: a slow one (300 ms a call) with `concurrency = 3`,
 /// and a quick one with `concurrency = 3` and `rate_limit = "24/s"`. Each node takes a
 /// third: the slow endpoint never has more than 3 calls in flight (9 if each node took the
-/// whole limit), and the quick one gets 24 calls/s within 10 %, not 72.
+/// whole limit), and the quick one gets 24 calls/s, at most 10 % over (not 72).
 #[tokio::test]
 async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
     if !on_shared_store() {
@@ -181,9 +181,16 @@ async fn three_nodes_share_an_endpoints_concurrency_and_rate_limit() {
         quick_max <= 3,
         "{quick_max} calls in flight at once, limit 3"
     );
+    // Over the limit is what the shares prevent: at most 10 % over. Under it is capacity,
+    // which a loaded machine lacks (a CI run saw the rate miss the ± 10 % band): at least
+    // three quarters of the limit, still far from one node's third of it.
     assert!(
-        (rate - 24.0).abs() <= 2.4,
-        "observed {rate:.2}/s, limit 24/s (± 10 %)"
+        rate <= 24.0 * 1.1,
+        "observed {rate:.2}/s, over the limit of 24/s (+ 10 %)"
+    );
+    assert!(
+        rate >= 24.0 * 0.75,
+        "observed {rate:.2}/s, the nodes used under three quarters of the limit of 24/s"
     );
     b.stop().await;
     c.stop().await;
