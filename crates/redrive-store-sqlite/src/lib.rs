@@ -79,8 +79,17 @@ pub struct SqliteOptions {
     /// What every backend is opened with: the queue catalog, the idempotency window, the
     /// generator's seed, the commit observer.
     pub store: StoreOptions,
-    /// SQLite page cache per connection, MiB.
+    /// SQLite page cache of each reading connection, MiB.
     pub cache_mib: u32,
+    /// SQLite page cache of the writing connections (the writer's and the checkpointer's),
+    /// MiB: smaller than a reader's, because every commit in which a B-tree page split or
+    /// merge reordered pages ends with a scan of the writer's whole page cache. (SQLite swaps
+    /// such pages through a spare page number at 1 GiB, which leaves the cache's highest
+    /// page number there, so the commit's truncation of the cache to the database's size
+    /// walks every cached page: with 32 MiB of 1 KiB pages, 18 % of the writer's time at
+    /// 64 consumers × 1. The writer's working set, the ends of the indexes, is small.)
+    /// Measured in docs/PERFORMANCE.md: 8 MiB against 32 was +21 % at 8 × 10.
+    pub writer_cache_mib: u32,
     /// Bound on the write-ahead log file, bytes (see `group_commit::bound_log`): when the
     /// log passes half of it, the writer rewinds it after its next commit. The file can
     /// exceed the bound only by what one commit writes.
@@ -95,6 +104,7 @@ impl SqliteOptions {
             durability: Durability::Fsync,
             store: StoreOptions::default(),
             cache_mib: 32,
+            writer_cache_mib: 8,
             max_wal_bytes: DEFAULT_MAX_WAL_BYTES,
         }
     }
@@ -161,7 +171,11 @@ fn open_connection(
     conn.execute_batch(&format!(
         "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA cache_size = -{}; \
          PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = {};",
-        opts.cache_mib as u64 * 1024,
+        u64::from(if write {
+            opts.writer_cache_mib
+        } else {
+            opts.cache_mib
+        }) * 1024,
         wal_restart_bytes(opts)
     ))
     .db()?;
