@@ -52,6 +52,16 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
 pub struct SystemClock {
     /// The store's clock minus this machine's, ms (as last measured).
     offset_ms: AtomicI64,
+    /// The measurement the offset was last taken from.
+    taken_from: std::sync::Mutex<Option<Measurement>>,
+}
+
+/// A measurement of the store's clock: its round trip, and when it was received (this
+/// machine's clock, ms).
+#[derive(Debug, Clone, Copy)]
+struct Measurement {
+    round_trip_ms: i64,
+    received_ms: i64,
 }
 
 /// A measured offset that moved by less than this is not applied (a beat's round trip
@@ -59,6 +69,12 @@ pub struct SystemClock {
 const OFFSET_HYSTERESIS_MS: i64 = 2;
 /// Measurements whose round trip took longer than this are too imprecise to use.
 const OFFSET_MAX_ROUND_TRIP_MS: i64 = 200;
+/// A measurement is taken as the store's offset only if its round trip was no longer than
+/// the one the offset came from, unless that one is older than this: a measurement is off
+/// by up to half its round trip (the beat reads the store's clock early in its
+/// transaction, not at the middle), and under load the round trips grow, so the quickest
+/// recent one is the truest (NTP's filter, in small).
+const OFFSET_KEPT_MS: i64 = 60_000;
 
 impl SystemClock {
     /// The store's clock minus this machine's, ms, as last measured (0 before a measure).
@@ -85,6 +101,19 @@ impl Clock for SystemClock {
         let round_trip = received.millis_since(sent);
         if !(0..=OFFSET_MAX_ROUND_TRIP_MS).contains(&round_trip) {
             return;
+        }
+        {
+            let mut taken = self.taken_from.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = *taken {
+                let fresh = received.as_millis().saturating_sub(t.received_ms) < OFFSET_KEPT_MS;
+                if fresh && t.round_trip_ms < round_trip {
+                    return;
+                }
+            }
+            *taken = Some(Measurement {
+                round_trip_ms: round_trip,
+                received_ms: received.as_millis(),
+            });
         }
         let local = sent.as_millis() + round_trip / 2;
         let offset = store_at.as_millis() - local;
@@ -172,5 +201,32 @@ mod tests {
         assert_eq!(clock.now(), Timestamp::from_millis(1_500));
         clock.set(Timestamp::from_millis(10)); // never backwards
         assert_eq!(clock.now(), Timestamp::from_millis(1_500));
+    }
+
+    fn t(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    /// The offset comes from the quickest recent round trip: a slower measurement does not
+    /// move it (however far off it says the store is) until the quick one is a minute old;
+    /// a measurement as quick or quicker always does.
+    #[test]
+    fn the_offset_follows_the_quickest_recent_round_trip() {
+        let c = SystemClock::default();
+        // Store 30 ms ahead, measured with a 4 ms round trip.
+        c.observe_store(t(1_032), t(1_000), t(1_004));
+        assert_eq!(c.offset_ms(), 30);
+        // A 90 ms round trip under load says 10 ms behind: not taken.
+        c.observe_store(t(2_000), t(1_965), t(2_055));
+        assert_eq!(c.offset_ms(), 30);
+        // As quick (4 ms) and 40 ms ahead: taken.
+        c.observe_store(t(3_042), t(3_000), t(3_004));
+        assert_eq!(c.offset_ms(), 40);
+        // A minute after the quick one, a slow one is taken: the clocks may have moved.
+        c.observe_store(t(63_125), t(63_040), t(63_090));
+        assert_eq!(c.offset_ms(), 60);
+        // Beyond the bound on round trips, nothing is taken at all.
+        c.observe_store(t(70_000), t(69_000), t(69_500));
+        assert_eq!(c.offset_ms(), 60);
     }
 }
