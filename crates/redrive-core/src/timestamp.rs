@@ -18,6 +18,10 @@ pub struct Timestamp(i64);
 pub struct TimestampError(pub String);
 
 impl Timestamp {
+    /// The Unix epoch. As a due time it is past on every clock: due at once by whichever
+    /// clock decides (the store's, which on a shared database is not this machine's).
+    pub const EPOCH: Timestamp = Timestamp(0);
+
     /// From milliseconds since the epoch.
     pub const fn from_millis(ms: i64) -> Self {
         Self(ms)

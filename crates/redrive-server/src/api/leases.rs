@@ -7,7 +7,9 @@
 use super::contract::Ranges;
 use super::limits::{message_bound_bytes, JsonArray, MESSAGE_FIXED_BYTES};
 use super::messages::failure;
-use super::{duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody};
+use super::{
+    due_after, duration_field, message_id, queue_name, ApiError, ApiJson, AppState, ErrorBody,
+};
 use crate::Config;
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -341,12 +343,7 @@ pub async fn release(
         Some(d) => duration_field("delay", d, Ranges::of(&s.config).ahead)?,
         None => 0,
     };
-    // No delay is "ready at once" by the store's clock: an `until` read off this node's
-    // clock could be a millisecond ahead of the database's and leave it `scheduled`.
-    let until = match delay_ms {
-        0 => Timestamp::from_millis(0),
-        ms => s.engine.clock().now().plus_ms(ms),
-    };
+    let until = due_after(s.engine.clock().now(), delay_ms);
     let out = s
         .engine
         .release(vec![Release {

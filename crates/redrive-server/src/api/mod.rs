@@ -240,6 +240,18 @@ pub fn duration_field(
     contract::duration_in(field, value, range)
 }
 
+/// When something `delay_ms` from `now` (this node's clock) is due: a zero delay is due at
+/// once by the store's clock ([`Timestamp::EPOCH`]), not at `now`, which a store on the
+/// database's clock may not have reached yet and would then leave scheduled (MariaDB's
+/// lagged by a millisecond).
+pub fn due_after(now: Timestamp, delay_ms: u64) -> Timestamp {
+    if delay_ms == 0 {
+        Timestamp::EPOCH
+    } else {
+        now.plus_ms(delay_ms)
+    }
+}
+
 /// Parse a timestamp field (RFC 3339, see `api/contract.rs`), naming it on error.
 pub fn timestamp_field(field: &str, value: &str) -> Result<Timestamp, ApiError> {
     let bad = || {

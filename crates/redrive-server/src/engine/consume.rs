@@ -439,7 +439,7 @@ mod tests {
                     token: l.token,
                 };
                 settle.push(if self.fault {
-                    Settlement::Release(Release::by_redrive(lease, Timestamp::from_millis(0)))
+                    Settlement::Release(Release::by_redrive(lease, Timestamp::EPOCH))
                 } else {
                     Settlement::Ack(Ack::from(lease))
                 });

@@ -1492,14 +1492,15 @@ jitter = "none"
         .unwrap_or_else(|| panic!("no JSON payload with order 42: {stored:?}"));
     // The last copy can reach the recorder before the bridge has recorded that it was
     // republished (the confirm comes first, then the store's write): wait for that entry.
-    let mut full = s.message(exact["id"].as_str().unwrap()).await;
-    for _ in 0..500 {
-        if full["history"].as_array().map_or(0, Vec::len) >= 4 {
-            break;
+    let mut tries = 0;
+    let full = loop {
+        let m = s.message(exact["id"].as_str().unwrap()).await;
+        if tries == 500 || m["history"].as_array().map_or(0, Vec::len) >= 4 {
+            break m;
         }
+        tries += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        full = s.message(exact["id"].as_str().unwrap()).await;
-    }
+    };
     assert_eq!(
         full["payload"],
         json!({"order": 42, "price": 1.0, "name": "été", "items": [1, 2]})

@@ -243,20 +243,15 @@ pub fn heartbeats_on_both_handles_elect_one_leader<S: Store>(
 pub fn a_cluster_view_is_one_moment<S: Store>(a: Arc<S>, b: Arc<S>) -> super::CaseFuture {
     Box::pin(async move {
         use super::cluster::beat;
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let churn = {
-            let done = done.clone();
-            tokio::spawn(async move {
-                for i in 0..150 {
-                    let node = format!("c{i}");
-                    a.heartbeat(beat(&node, true), None).await.expect("beat");
-                    a.leave(format!("{node}-1"), None).await.expect("leave");
-                }
-                done.store(true, std::sync::atomic::Ordering::SeqCst);
-            })
-        };
+        let churn = tokio::spawn(async move {
+            for i in 0..150 {
+                let node = format!("c{i}");
+                a.heartbeat(beat(&node, true), None).await.expect("beat");
+                a.leave(format!("{node}-1"), None).await.expect("leave");
+            }
+        });
         let (mut views, mut led) = (0u32, 0u32);
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        while !churn.is_finished() {
             let view = b.cluster(None).await.expect("cluster");
             views += 1;
             if let Some(l) = &view.leader {

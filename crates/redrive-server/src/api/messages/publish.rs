@@ -4,7 +4,8 @@ use super::failure;
 use crate::api::contract::Ranges;
 use crate::api::limits::{check_headers, MAX_KEY_CHARS};
 use crate::api::{
-    duration_field, from_value, queue_name, timestamp_field, ApiError, ApiJson, AppState, ErrorBody,
+    due_after, duration_field, from_value, queue_name, timestamp_field, ApiError, ApiJson,
+    AppState, ErrorBody,
 };
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -199,16 +200,9 @@ fn parse_item(
         }
         (Some(d), None) => {
             let ms = duration_field(&field("delay"), d, Ranges::of(&s.config).ahead)?;
-            // A zero delay is due now by the store's clock (see `release`); with `failed`
-            // it is still the caller's time for the next try, not the policy's delay: a
-            // time already past on any clock (the epoch), not this server's `now`, which a
-            // store on the database's clock may not have reached yet (MariaDB's lagged by a
-            // millisecond, and the message was scheduled instead of ready).
-            match (ms, &item.failed) {
-                (0, Some(_)) => Some(Timestamp::from_millis(0)),
-                (0, None) => None,
-                _ => Some(now.plus_ms(ms)),
-            }
+            // A zero delay is due now by the store's clock; with `failed` it is still the
+            // caller's time for the next try, not the policy's delay.
+            (ms > 0 || item.failed.is_some()).then(|| due_after(now, ms))
         }
         (None, Some(t)) => {
             let at = timestamp_field(&field("deliver_at"), t)?;
