@@ -146,9 +146,38 @@ pub fn run(
             }
         }
     }
+    // Closed, or every handle dropped: either way an orderly end, not a crash.
+    keep_leases(&mut state, &shared);
     if let Some(c) = close {
         let _ = state.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
         let _ = c.send(());
+    }
+}
+
+/// At a close (or when every handle was dropped): write the leases held in memory into their rows (`hot.rs`), in one
+/// transaction, so that they outlive the restart as leases that committed do. Nothing on
+/// a poisoned store; if it fails, the leases are lost as in a crash (delivered again).
+fn keep_leases(state: &mut WriterState, shared: &Shared) {
+    if state.hot.is_empty() || shared.poisoned.lock().map_or(true, |p| p.is_some()) {
+        return;
+    }
+    let kept = state
+        .conn
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| StoreError::Backend(e.to_string()))
+        .and_then(|()| state.flush_hot());
+    match kept.and_then(|n| {
+        state
+            .conn
+            .execute_batch("COMMIT")
+            .map(|()| n)
+            .map_err(|e| StoreError::Backend(e.to_string()))
+    }) {
+        Ok(n) => tracing::debug!(leases = n, "leases held in memory written at close"),
+        Err(e) => {
+            let _ = state.conn.execute_batch("ROLLBACK");
+            tracing::warn!(error = %e, "leases held in memory not kept at close: delivered again");
+        }
     }
 }
 

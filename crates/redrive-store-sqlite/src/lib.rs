@@ -21,6 +21,7 @@ mod busy;
 mod checkpoint;
 mod dir_lock;
 mod group_commit;
+mod hot;
 mod idempotency;
 mod key_order;
 mod ops;
@@ -134,6 +135,8 @@ pub struct SqliteStore {
     /// [`Notifier::ready`]'s sender, never sent on (no other process shares the store).
     ready: broadcast::Sender<ReadyNotice>,
     counts: Arc<Mutex<Counts>>,
+    /// The leases held in memory as readers see them (`hot.rs`).
+    held: hot::Views,
     readers: Arc<reads::ReaderPool>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
@@ -217,6 +220,7 @@ impl SqliteStore {
             counts.clone(),
         );
         let next_wake = state.next_wake()?.map(Timestamp::from_millis);
+        let held = state.hot.views();
         let (tx, rx) = mpsc::channel(WRITER_QUEUE_DEPTH);
         let (wake_tx, wake_rx) = watch::channel(next_wake);
         let shared = Arc::new(Shared {
@@ -245,6 +249,7 @@ impl SqliteStore {
             wake_rx,
             ready: broadcast::Sender::new(1),
             counts,
+            held,
             readers,
             writer: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some(checkpointer)),
@@ -531,7 +536,9 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, id: MessageId) -> Result<Option<Message>, StoreError> {
-        self.read(move |c| reads::get(c, &id)).await
+        let views = self.held.clone();
+        self.read(move |c| reads::get(c, &id, &reads::Held::one(&views, &id.to_string())))
+            .await
     }
 
     async fn search(
@@ -540,12 +547,18 @@ impl Store for SqliteStore {
         limit: u32,
         cursor: Option<String>,
     ) -> Result<Page, StoreError> {
-        self.read(move |c| reads::search(c, &filter, limit, cursor.as_deref()))
-            .await
+        let views = self.held.clone();
+        self.read(move |c| {
+            let held = reads::Held::of(&views);
+            reads::search(c, &filter, limit, cursor.as_deref(), &held)
+        })
+        .await
     }
 
     async fn count(&self, filter: MessageFilter) -> Result<u64, StoreError> {
-        self.read(move |c| reads::count(c, &filter)).await
+        let views = self.held.clone();
+        self.read(move |c| reads::count(c, &filter, &reads::Held::of(&views)))
+            .await
     }
 
     async fn task_create(&self, task: TaskRecord, audit: NewAudit) -> Result<(), StoreError> {
@@ -648,7 +661,9 @@ impl Store for SqliteStore {
             .lock()
             .map(|c| c.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default();
-        self.read(move |c| reads::queue_stats(c, counts)).await
+        let views = self.held.clone();
+        self.read(move |c| reads::queue_stats(c, counts, &reads::Held::of(&views)))
+            .await
     }
 
     async fn heartbeat(&self, beat: Heartbeat, now: Option<Timestamp>) -> Result<Beat, StoreError> {

@@ -135,6 +135,8 @@ pub struct Promoted {
     pub per_queue: Vec<(String, usize)>,
     /// Whether messages due at `t` are left (the limit was reached).
     pub more: bool,
+    /// Each message made ready: its queue and place in claim order (`hot.rs`).
+    pub made_ready: Vec<(String, crate::hot::Key)>,
 }
 
 /// Promote the scheduled messages due at `t`, at most [`TICK_PROMOTE_LIMIT`], shared
@@ -154,6 +156,7 @@ pub fn promote(
     }
     let mut left = limit;
     let mut per_queue: Vec<(String, usize)> = Vec::new();
+    let mut made_ready = Vec::new();
     // Each pass shares what is left among the queues that took their whole share in
     // the pass before (they may have more); a queue that took less is done.
     let mut active = queues;
@@ -165,15 +168,26 @@ pub fn promote(
                 break;
             }
             let share = left.div_ceil(count - i);
-            let n = conn
+            let keys: Vec<crate::hot::Key> = conn
                 .prepare_cached(
                     "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
                      (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
-                      ORDER BY due_at LIMIT ?3)",
+                      ORDER BY due_at LIMIT ?3) RETURNING seq, priority, due_at",
                 )
                 .db()?
-                .execute(params![t, queue, share as i64])
+                .query_map(params![t, queue, share as i64], |r| {
+                    let due: Option<i64> = r.get(2)?;
+                    Ok(crate::hot::Key::of(
+                        r.get(1)?,
+                        due.map(redrive_core::Timestamp::from_millis),
+                        r.get(0)?,
+                    ))
+                })
+                .db()?
+                .collect::<Result<_, _>>()
                 .db()?;
+            let n = keys.len();
+            made_ready.extend(keys.into_iter().map(|k| (queue.clone(), k)));
             left -= n.min(left);
             if n > 0 {
                 match per_queue.iter_mut().find(|(q, _)| *q == queue) {
@@ -192,6 +206,7 @@ pub fn promote(
     }
     Ok(Promoted {
         per_queue,
+        made_ready,
         more: due.earliest(conn)?.is_some_and(|e| e <= t),
     })
 }
@@ -205,7 +220,7 @@ mod tests {
     fn db() -> Connection {
         let conn = Connection::open_in_memory().expect("open");
         conn.execute_batch(
-            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, state INTEGER NOT NULL, \
+            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, state INTEGER NOT NULL, priority INTEGER NOT NULL DEFAULT 0, \
              due_at INTEGER, updated_at INTEGER);
              CREATE INDEX ix_scheduled ON messages(queue, due_at) WHERE state = 0;",
         )

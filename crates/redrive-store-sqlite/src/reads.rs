@@ -1,5 +1,6 @@
 //! Reads: a pool of read-only connections, and the queries operators run.
 
+use crate::hot::{self, LeaseView, Views};
 use crate::row::Row;
 use crate::schema::{columns, COLUMNS};
 use crate::sql_error::SqlResultExt;
@@ -11,6 +12,7 @@ use redrive_storage::{MessageFilter, Page, QueueStats, StoreError};
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::Value;
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -125,7 +127,53 @@ pub fn next_lease_expiry(conn: &Connection) -> Result<Option<i64>, StoreError> {
     Ok(v)
 }
 
-pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreError> {
+/// The leases held in memory as a read sees them, taken *before* it reads rows: a row
+/// read after a later commit is newer than the view, and [`hot::overlay`] then leaves it
+/// alone (it applies only to a row as it was before its lease).
+pub struct Held {
+    views: HashMap<String, LeaseView>,
+}
+
+impl Held {
+    pub fn of(views: &Views) -> Self {
+        Self {
+            views: views.lock().map(|v| v.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// The view of one message only.
+    pub fn one(views: &Views, id: &str) -> Self {
+        let views = views
+            .lock()
+            .ok()
+            .and_then(|v| v.get(id).cloned())
+            .map(|v| HashMap::from([(id.to_owned(), v)]))
+            .unwrap_or_default();
+        Self { views }
+    }
+
+    /// `row` as its lease held in memory made it, if it has one.
+    pub fn apply(&self, row: &mut Row) {
+        if let Some(v) = self.views.get(&row.id) {
+            hot::overlay(row, v);
+        }
+    }
+
+    /// The rows leased in memory, as an SQL list of their `seq` (integers only).
+    fn seq_list(&self) -> Option<String> {
+        if self.views.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self.views.values().map(|v| v.seq.to_string()).collect();
+        Some(list.join(","))
+    }
+
+    fn seqs(&self) -> HashSet<i64> {
+        self.views.values().map(|v| v.seq).collect()
+    }
+}
+
+pub fn get(conn: &Connection, id: &MessageId, held: &Held) -> Result<Option<Message>, StoreError> {
     let sql = concat!(
         "SELECT ",
         columns!(),
@@ -143,7 +191,10 @@ pub fn get(conn: &Connection, id: &MessageId) -> Result<Option<Message>, StoreEr
         .optional()
         .db()?;
     match found {
-        Some((row, history)) => Ok(Some(row.to_message(Some(&history), None)?)),
+        Some((mut row, history)) => {
+            held.apply(&mut row);
+            Ok(Some(row.to_message(Some(&history), None)?))
+        }
         None => Ok(None),
     }
 }
@@ -198,7 +249,10 @@ pub fn idempotency_keys(
 
 /// The `WHERE` conditions of `filter` (joined with `AND`, none when empty) and their
 /// arguments, shared by [`search`] and [`count`].
-fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
+///
+/// A row leased in memory is `ready` on disk: a filter on `ready` leaves it out, one on
+/// `leased` takes it in (by its `seq`, from `held`).
+fn conditions(filter: &MessageFilter, held: &Held) -> (Vec<String>, Vec<Value>) {
     let mut clauses: Vec<&str> = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(q) = &filter.queue {
@@ -210,7 +264,13 @@ fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
     // literally implies the index's.
     let state_clause;
     if let Some(s) = filter.state {
-        state_clause = format!("state = {}", s.code());
+        state_clause = match (s, held.seq_list()) {
+            (State::Ready, Some(seqs)) => format!("state = 1 AND seq NOT IN ({seqs})"),
+            (State::Leased, Some(seqs)) => {
+                format!("(state = 2 OR (state = 1 AND seq IN ({seqs})))")
+            }
+            _ => format!("state = {}", s.code()),
+        };
         clauses.push(&state_clause);
     }
     if let Some(k) = &filter.key {
@@ -255,8 +315,8 @@ fn conditions(filter: &MessageFilter) -> (Vec<String>, Vec<Value>) {
 }
 
 /// How many messages match `filter`.
-pub fn count(conn: &Connection, filter: &MessageFilter) -> Result<u64, StoreError> {
-    let (clauses, args) = conditions(filter);
+pub fn count(conn: &Connection, filter: &MessageFilter, held: &Held) -> Result<u64, StoreError> {
+    let (clauses, args) = conditions(filter, held);
     let where_ = if clauses.is_empty() {
         String::new()
     } else {
@@ -275,8 +335,9 @@ pub fn search(
     filter: &MessageFilter,
     limit: u32,
     cursor: Option<&str>,
+    held: &Held,
 ) -> Result<Page, StoreError> {
-    let (mut clauses, mut args) = conditions(filter);
+    let (mut clauses, mut args) = conditions(filter, held);
     if let Some(c) = cursor {
         let seq = parse_cursor(c)?;
         clauses.push("seq < ?".to_owned());
@@ -303,6 +364,9 @@ pub fn search(
     } else {
         None
     };
+    for row in &mut rows {
+        held.apply(row);
+    }
     let messages = rows
         .iter()
         .map(|r| r.to_message(None, None))
@@ -335,8 +399,16 @@ fn parse_cursor(c: &str) -> Result<i64, StoreError> {
 pub fn queue_stats(
     conn: &Connection,
     counts: Vec<(String, [i64; 5])>,
+    held: &Held,
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
+    let held = held.seqs();
+    // With leases held in memory, the oldest ready row may be one of them: walk the
+    // priority's rows in due order past them (as many as there are, at most).
+    let mut walk = conn.prepare_cached(
+        "SELECT seq, due_at FROM messages WHERE queue = ?1 AND state = 1 AND key_order IS NOT 1 \
+         AND priority = ?2 ORDER BY due_at, seq",
+    ).db()?;
     let mut stmt = conn.prepare_cached(
         "SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 1 AND key_order IS NOT 1 AND priority = ?2",
     ).db()?;
@@ -351,9 +423,21 @@ pub fn queue_stats(
             // One index seek per priority level on ix_ready, instead of a scan, and one on
             // ix_ready_blocked for the ready messages waiting behind their key's head.
             for p in 0..=9u8 {
-                let v: Option<i64> = stmt
-                    .query_row(rusqlite::params![queue, p], |r| r.get(0))
-                    .db()?;
+                let v: Option<i64> = if held.is_empty() {
+                    stmt.query_row(rusqlite::params![queue, p], |r| r.get(0))
+                        .db()?
+                } else {
+                    let mut rows = walk.query(rusqlite::params![queue, p]).db()?;
+                    let mut first = None;
+                    while let Some(r) = rows.next().db()? {
+                        let seq: i64 = r.get(0).db()?;
+                        if !held.contains(&seq) {
+                            first = r.get(1).db()?;
+                            break;
+                        }
+                    }
+                    first
+                };
                 if let Some(v) = v {
                     oldest = Some(oldest.map_or(v, |o| o.min(v)));
                 }

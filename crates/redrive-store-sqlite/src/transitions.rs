@@ -6,6 +6,7 @@
 //! It validates before it writes wherever it can; when it cannot, returning an
 //! error rolls its savepoint back, so a failed transition changes nothing.
 
+use crate::hot::{self, Hot, Key, MemLease};
 use crate::idempotency::{PurgedKey, Tombstone};
 use crate::key_order::{self, Mode};
 use crate::promotion::{self, DueQueues};
@@ -142,6 +143,8 @@ pub struct WriterState {
     batch_wake: Option<i64>,
     /// Which queues have scheduled messages, from when (the tick's fair promotion).
     due: DueQueues,
+    /// The leases held in memory, and the ready rows they are taken from (`hot.rs`).
+    pub hot: Hot,
 }
 
 impl WriterState {
@@ -176,12 +179,19 @@ impl WriterState {
             job_exact_wake: None,
             batch_wake: None,
             due: DueQueues::new(scheduled),
+            hot: Hot::new(),
         }
     }
 
     /// The earliest scheduled due time or lease expiry, ms: at open and after a tick.
     pub fn next_wake(&mut self) -> Result<Option<i64>, StoreError> {
-        let leases = crate::reads::next_lease_expiry(&self.conn)?;
+        let leases = match (
+            crate::reads::next_lease_expiry(&self.conn)?,
+            self.hot.next_expiry(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         Ok(match (self.due.earliest(&self.conn)?, leases) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -202,6 +212,7 @@ impl WriterState {
     }
 
     pub fn keep_command(&mut self) {
+        self.hot.keep_job();
         self.batch_delta.append(&mut self.job_delta);
         if let Some(exact) = self.job_exact_wake.take() {
             self.batch_wake = exact;
@@ -212,6 +223,7 @@ impl WriterState {
     }
 
     pub fn discard_command(&mut self) {
+        self.hot.rollback_job();
         self.due.rolled_back();
         self.job_delta.clear();
         self.job_wake = None;
@@ -222,6 +234,7 @@ impl WriterState {
     /// Returns the wake hint and the number of message transitions committed.
     pub fn finish_batch(&mut self) -> (Option<Timestamp>, usize) {
         self.due.committed();
+        self.hot.batch_committed();
         let changes = self.batch_delta.len();
         if let Ok(mut counts) = self.counts.lock() {
             for (queue, from, to) in self.batch_delta.drain(..) {
@@ -239,6 +252,7 @@ impl WriterState {
     }
 
     pub fn abort_batch(&mut self) {
+        self.hot.batch_aborted();
         self.batch_delta.clear();
         self.discard_command();
     }
@@ -246,6 +260,9 @@ impl WriterState {
     fn moved(&mut self, queue: &str, from: Option<State>, to: Option<State>) {
         if to == Some(State::Scheduled) {
             self.due.scheduled(queue);
+        }
+        if to == Some(State::Ready) && from != Some(State::Ready) && self.leases_in_memory(queue) {
+            self.hot.moved_ready(queue);
         }
         self.job_delta.push((queue.to_owned(), from, to));
     }
@@ -277,9 +294,77 @@ impl WriterState {
         self.job_wake = Some(self.job_wake.map_or(at, |w| w.min(at)));
     }
 
+    /// Whether leases of `queue` are held in memory (`hot.rs`): it has no per-key ordering.
+    fn leases_in_memory(&self, queue: &str) -> bool {
+        Mode::of(self.catalog.get(queue)) == Mode::Unordered
+    }
+
+    /// A transition left `row` ready: its place among the queue's leasable rows.
+    fn place_ready(&mut self, row: &Row) {
+        if row.life.state == State::Ready && self.leases_in_memory(&row.queue) {
+            self.hot.made_ready(&row.queue, Key::of_row(row));
+        }
+    }
+
+    /// Write the lease of `id` held in memory into its row, as the lease statement would
+    /// have: the row is then a leased row like any other, and the lease is no longer here.
+    fn materialize(&mut self, id: &str) -> Result<(), StoreError> {
+        let Some(lease) = self.hot.end(id) else {
+            return Ok(());
+        };
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE messages SET state = 2, attempts = ?2, lease_token = ?3, leased_at = ?4, \
+                 lease_expires_at = ?5, lease_end = NULL, updated_at = ?4 \
+                 WHERE seq = ?1 AND state = 1 AND attempts = ?2 - 1",
+            )
+            .db()?
+            .execute(params![
+                lease.seq,
+                lease.attempt,
+                lease.token,
+                lease.leased_at,
+                lease.expires_at
+            ])
+            .db()?;
+        if n != 1 {
+            return Err(lease_lost(id));
+        }
+        Ok(())
+    }
+
+    /// Write every lease held in memory into its row (at close, so a restart keeps them).
+    pub fn flush_hot(&mut self) -> Result<usize, StoreError> {
+        let ids = self.hot.ids();
+        for id in &ids {
+            self.materialize(id)?;
+        }
+        Ok(ids.len())
+    }
+
     // ---- row access ----
 
-    fn row_by_id(&self, id: &MessageId) -> Result<Row, StoreError> {
+    /// The row of `id`, with its lease written into it if the lease was held in memory.
+    fn row_by_id(&mut self, id: &MessageId) -> Result<Row, StoreError> {
+        let id_text = id.to_string();
+        if self.hot.get(&id_text).is_some() {
+            self.materialize(&id_text)?;
+        }
+        self.stored_row(id)
+    }
+
+    /// The row of `id` as readers see it: with its lease held in memory applied.
+    fn row_seen(&self, id: &MessageId) -> Result<Row, StoreError> {
+        let mut row = self.stored_row(id)?;
+        if let Some(lease) = self.hot.get(&row.id) {
+            hot::overlay(&mut row, &lease.view());
+        }
+        Ok(row)
+    }
+
+    /// The row of `id` as it is on disk.
+    fn stored_row(&self, id: &MessageId) -> Result<Row, StoreError> {
         let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1");
         self.conn
             .prepare_cached(sql)
@@ -367,7 +452,7 @@ impl WriterState {
                     let id: MessageId = mid
                         .parse()
                         .map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
-                    match self.row_by_id(&id) {
+                    match self.row_seen(&id) {
                         Ok(row) => {
                             out.push(Published {
                                 message: row.to_message(None, None)?,
@@ -453,6 +538,7 @@ impl WriterState {
                     ]).db()?;
             }
             self.moved(&row.queue, None, Some(row.life.state));
+            self.place_ready(&row);
             self.wake_if_scheduled(&row.life);
             let message =
                 row.to_message(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
@@ -570,6 +656,7 @@ impl WriterState {
                 life.lease_end.map(LeaseEnd::as_str),
             ]).db()?;
         self.moved(&row.queue, Some(from), Some(row.life.state));
+        self.place_ready(&row);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.wake_if_scheduled(&row.life);
         Ok(FailedRow {
@@ -584,6 +671,9 @@ impl WriterState {
         req: &LeaseRequest,
         now: Timestamp,
     ) -> Result<Vec<LeasedRow>, StoreError> {
+        if self.leases_in_memory(&req.queue) {
+            return self.lease_hot(req, now);
+        }
         let sql = lease_sql(Mode::of(self.catalog.get(&req.queue)));
         let max = match req.max_bytes {
             Some(budget) if req.max > 1 => self.fitting_lease(req, budget)?,
@@ -629,6 +719,88 @@ impl WriterState {
         Ok(out)
     }
 
+    /// A lease held in memory (`hot.rs`): the queue's next candidates, each checked against
+    /// its row (read for its payload anyway), leased without writing the row.
+    fn lease_hot(
+        &mut self,
+        req: &LeaseRequest,
+        now: Timestamp,
+    ) -> Result<Vec<LeasedRow>, StoreError> {
+        let want = req.max.max(1) as usize;
+        let budget = req.max_bytes.filter(|_| req.max > 1);
+        let expires = now.plus_ms(req.lease_ms);
+        let nonce = format!("{:016x}", self.rng.next_u64() ^ self.epoch);
+        let catalog = Arc::clone(&self.catalog);
+        let policy = &catalog.get(&req.queue).retry;
+        let mut out: Vec<LeasedRow> = Vec::with_capacity(want);
+        let mut used = 0u64;
+        while out.len() < want {
+            let Some(key) = self.hot.first_candidate(&self.conn, &req.queue)? else {
+                break;
+            };
+            let sql = concat!("SELECT ", columns!(), " FROM messages WHERE seq = ?1");
+            let row: Option<Row> = self
+                .conn
+                .prepare_cached(sql)
+                .db()?
+                .query_row([key.seq()], crate::row::from_sql)
+                .optional()
+                .db()?;
+            let Some(mut row) = row else {
+                self.hot.drop_candidate(&req.queue, &key);
+                continue;
+            };
+            if row.life.state != State::Ready
+                || row.queue != req.queue
+                || self.hot.get(&row.id).is_some()
+            {
+                self.hot.drop_candidate(&req.queue, &key);
+                continue;
+            }
+            if Key::of_row(&row) != key {
+                // Ready at another place than the candidate says: take it from there.
+                self.hot.drop_candidate(&req.queue, &key);
+                self.hot.made_ready(&req.queue, Key::of_row(&row));
+                continue;
+            }
+            if let Some(budget) = budget {
+                let size = (row.payload.len()
+                    + row.headers.as_ref().map_or(0, String::len)
+                    + row.last_error.as_ref().map_or(0, String::len)
+                    + row.key.as_ref().map_or(0, String::len)) as u64;
+                used = used.saturating_add(size);
+                if used > budget && !out.is_empty() {
+                    break;
+                }
+            }
+            let attempt = row.life.attempts.saturating_add(1);
+            let lease = MemLease {
+                seq: row.seq,
+                queue: row.queue.clone(),
+                token: format!("{attempt}-{nonce}"),
+                attempt,
+                leased_at: now.as_millis(),
+                expires_at: expires.as_millis(),
+            };
+            hot::overlay(&mut row, &lease.view());
+            let id = row.id.clone();
+            self.hot.lease(&id, key, lease);
+            let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
+            self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
+            let max_attempts = row.life.max_attempts(policy);
+            out.push(LeasedRow {
+                row,
+                expires_at: expires,
+                lateness_ms,
+                max_attempts,
+            });
+        }
+        if !out.is_empty() {
+            self.wake_at(expires.as_millis());
+        }
+        Ok(out)
+    }
+
     /// How many of the next `req.max` leasable messages fit in `budget` bytes of stored
     /// JSON (at least one): the same index range scan as the lease's pick, reading sizes.
     fn fitting_lease(&self, req: &LeaseRequest, budget: u64) -> Result<u32, StoreError> {
@@ -658,7 +830,7 @@ impl WriterState {
     }
 
     /// The row of a lease, if `lease` is the message's live lease.
-    fn leased_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Row, StoreError> {
+    fn leased_row(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Row, StoreError> {
         let row = self.row_by_id(&lease.id)?;
         self.check_lease(&row, &lease.token, now)?;
         Ok(row)
@@ -675,6 +847,14 @@ impl WriterState {
 
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
         let lease = &ack.lease;
+        let live_here = self
+            .hot
+            .get(&lease.id.to_string())
+            .filter(|m| m.token == lease.token && m.expires_at > now.as_millis())
+            .cloned();
+        if let Some(held) = live_here {
+            return self.ack_hot(ack, held, now);
+        }
         if !ack.waited.is_empty() {
             // Before the attempt's entry; only for the live lease (the fast path's condition
             // below: a retried ack notes nothing, and a refused one is named after it).
@@ -740,6 +920,60 @@ impl WriterState {
             "ack of {} matched no row although its lease is live",
             lease.id
         )))
+    }
+
+    /// The ack of a live lease held in memory: one statement writes the lease's columns,
+    /// `done` and the attempt's history entry into the row (still `ready` on disk).
+    fn ack_hot(
+        &mut self,
+        ack: &Ack,
+        held: MemLease,
+        now: Timestamp,
+    ) -> Result<AckedRow, StoreError> {
+        if !ack.waited.is_empty() {
+            self.note_waits(held.seq, held.attempt, &ack.waited, now)?;
+        }
+        let response = ack
+            .response
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()?;
+        let row: Option<Row> = self
+            .conn
+            .prepare_cached(concat!(
+                "UPDATE messages SET state = 3, attempts = ?7, lease_token = ?2, leased_at = ?8, \
+                 lease_expires_at = ?9, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
+                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', ?7, 'at', ?4, \
+                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', ?8 / 1000.0, 'unixepoch'), \
+                   'event', ?6), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
+                 WHERE seq = ?1 AND state = 1 AND attempts = ?7 - 1 RETURNING ",
+                columns!()
+            ))
+            .db()?
+            .query_row(
+                params![
+                    held.seq,
+                    held.token,
+                    now.as_millis(),
+                    now.to_rfc3339(),
+                    response,
+                    ack.event.as_str(),
+                    held.attempt,
+                    held.leased_at,
+                    held.expires_at
+                ],
+                crate::row::from_sql,
+            )
+            .optional()
+            .db()?;
+        let id = ack.lease.id.to_string();
+        let row = row.ok_or_else(|| lease_lost(&id))?;
+        self.hot.end(&id);
+        self.moved(&row.queue, Some(State::Leased), Some(State::Done));
+        Ok(AckedRow {
+            row,
+            repeated: false,
+        })
     }
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
@@ -824,6 +1058,7 @@ impl WriterState {
                     ])
                     .db()?;
                 self.moved(&row.queue, Some(from), Some(row.life.state));
+                self.place_ready(&row);
                 self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
                 self.wake_if_scheduled(&row.life);
                 Ok(ReleasedRow::Uncharged(row))
@@ -837,6 +1072,15 @@ impl WriterState {
         by_ms: u64,
         now: Timestamp,
     ) -> Result<Timestamp, StoreError> {
+        let id = lease.id.to_string();
+        if self.hot.get(&id).is_some_and(|m| m.token == lease.token) {
+            // Held in memory: only the expiry moves, nothing is written.
+            let mut row = self.row_seen(&lease.id)?;
+            self.check_lease(&row, &lease.token, now)?;
+            let new = rules::extend(&mut row.life, by_ms, now);
+            self.hot.extend(&id, new.as_millis());
+            return Ok(new);
+        }
         let mut row = self.leased_row(lease, now)?;
         let new = rules::extend(&mut row.life, by_ms, now);
         self.conn
@@ -890,6 +1134,7 @@ impl WriterState {
         }
         self.append_history(row.seq, &entry)?;
         self.moved(&row.queue, Some(from), Some(row.life.state));
+        self.place_ready(&row);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
         self.full_message(row.seq)
     }
@@ -995,6 +1240,11 @@ impl WriterState {
             }
             ready_queues.push(q);
         }
+        for (q, key) in &promoted.made_ready {
+            if self.leases_in_memory(q) {
+                self.hot.made_ready(q, *key);
+            }
+        }
         let sql = concat!(
             "SELECT ",
             columns!(),
@@ -1009,6 +1259,20 @@ impl WriterState {
             .collect::<Result<_, _>>()
             .db()?;
         more |= expired_rows.len() as i64 >= TICK_EXPIRE_LIMIT;
+        // Then the leases held in memory, written into their rows first.
+        let left = (TICK_EXPIRE_LIMIT as usize).saturating_sub(expired_rows.len());
+        let mut held = self.hot.expired(t, left + 1);
+        if held.len() > left {
+            more = true;
+            held.truncate(left);
+        }
+        let mut expired_rows = expired_rows;
+        for id in held {
+            let id: MessageId = id
+                .parse()
+                .map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
+            expired_rows.push(self.row_by_id(&id)?);
+        }
         let mut expired = Vec::with_capacity(expired_rows.len());
         let lease_expired = Failure::lease_expired();
         for row in expired_rows {
@@ -1111,6 +1375,14 @@ impl WriterState {
             more,
         })
     }
+}
+
+/// A lease held in memory whose row is not as the lease left it: nothing else writes a
+/// ready row of an unordered queue without ending its lease first (a defect if seen).
+fn lease_lost(id: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "the lease of {id} held in memory no longer matches its row"
+    ))
 }
 
 /// A time column's value.
