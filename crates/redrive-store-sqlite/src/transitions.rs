@@ -635,7 +635,41 @@ impl WriterState {
         entry.response = response.cloned();
         row.last_error = Some(serde_json::to_string(&last_error)?);
         let life = &row.life;
-        self.conn
+        if let Some(held) = self.hot.get(&row.id).cloned() {
+            // The lease is held in memory (the row is `ready` on disk, as before it): the
+            // lease's columns are written with the failure, in the one statement.
+            let n = self.conn
+                .prepare_cached(
+                    "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
+                     finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
+                     history = json_insert(history, '$[#]', json(?11)), lease_end = ?12, \
+                     attempts = ?13, lease_token = ?14, leased_at = ?15, lease_expires_at = ?16 \
+                     WHERE seq = ?1 AND state = 1 AND attempts = ?13 - 1",
+                ).db()?
+                .execute(params![
+                    row.seq,
+                    life.state.code(),
+                    ms(life.due_at),
+                    delay_ms(life.prev_delay_ms),
+                    life.uncounted,
+                    life.updated_at.as_millis(),
+                    ms(life.finished_at),
+                    life.dead_reason.map(|r| r.as_str()),
+                    class.as_str(),
+                    row.last_error,
+                    serde_json::to_string(&entry)?,
+                    life.lease_end.map(LeaseEnd::as_str),
+                    held.attempt,
+                    held.token,
+                    held.leased_at,
+                    held.expires_at,
+                ]).db()?;
+            if n != 1 {
+                return Err(lease_lost(&row.id));
+            }
+            self.hot.end(&row.id);
+        } else {
+            self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
                  finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
@@ -655,6 +689,7 @@ impl WriterState {
                 serde_json::to_string(&entry)?,
                 life.lease_end.map(LeaseEnd::as_str),
             ]).db()?;
+        }
         self.moved(&row.queue, Some(from), Some(row.life.state));
         self.place_ready(&row);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
@@ -977,7 +1012,18 @@ impl WriterState {
     }
 
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
-        let row = self.leased_row(&nack.lease, now)?;
+        let held = self
+            .hot
+            .get(&nack.lease.id.to_string())
+            .is_some_and(|m| m.token == nack.lease.token);
+        let row = if held {
+            // Held in memory: the failure's write carries the lease's columns (`write_failed`).
+            let row = self.row_seen(&nack.lease.id)?;
+            self.check_lease(&row, &nack.lease.token, now)?;
+            row
+        } else {
+            self.leased_row(&nack.lease, now)?
+        };
         self.note_waits(row.seq, row.life.attempts, &nack.waited, now)?;
         let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
         self.fail_attempt(row, &nack.failure, nack.response.as_ref(), end, now)
@@ -1271,7 +1317,8 @@ impl WriterState {
             let id: MessageId = id
                 .parse()
                 .map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
-            expired_rows.push(self.row_by_id(&id)?);
+            // As it looks leased (the failure writes the lease's columns with it).
+            expired_rows.push(self.row_seen(&id)?);
         }
         let mut expired = Vec::with_capacity(expired_rows.len());
         let lease_expired = Failure::lease_expired();
