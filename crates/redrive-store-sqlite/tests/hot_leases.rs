@@ -1,0 +1,216 @@
+//! Leases held in memory (`src/hot.rs`): what is on disk, what readers see, and the
+//! window of leasable rows across its refills and its bound.
+
+use redrive_core::{ErrorClass, Failure, NewMessage, State};
+use redrive_storage::conformance::{self, at, Q};
+use redrive_storage::{LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Store};
+use redrive_store_sqlite::{SqliteOptions, SqliteStore};
+use rusqlite::{Connection, OpenFlags};
+use serde_json::json;
+use std::collections::HashSet;
+use std::path::Path;
+
+fn open(dir: &Path) -> SqliteStore {
+    let mut opts = SqliteOptions::new(dir);
+    opts.store.catalog = std::sync::Arc::new(conformance::catalog());
+    opts.store.seed = Some(5);
+    SqliteStore::open(opts).expect("open store")
+}
+
+async fn lease(s: &SqliteStore, max: u32, now: i64) -> Vec<Leased> {
+    s.lease(
+        LeaseRequest {
+            queue: Q.into(),
+            max,
+            lease_ms: 60_000,
+            max_bytes: None,
+        },
+        Some(at(now)),
+    )
+    .await
+    .expect("lease")
+}
+
+fn lref(l: &Leased) -> LeaseRef {
+    LeaseRef {
+        id: l.message.id,
+        token: l.token.clone(),
+    }
+}
+
+/// `(state, attempts, lease_token)` of a message's row in the file.
+fn on_disk(dir: &Path, id: &str) -> (u8, u32, Option<String>) {
+    let conn =
+        Connection::open_with_flags(dir.join("redrive.db"), OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open read-only");
+    conn.query_row(
+        "SELECT state, attempts, lease_token FROM messages WHERE id = ?1",
+        [id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .expect("row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_writes_no_row_and_every_read_sees_it_leased() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let published = s
+        .publish(vec![NewMessage::new(Q, json!({"n": 1}))], Some(at(0)))
+        .await
+        .expect("publish");
+    let id = published[0].message.id;
+    let l = lease(&s, 1, 10).await.remove(0);
+    assert_eq!(l.attempt, 1);
+    // The file: still ready, no attempt, no token.
+    assert_eq!(on_disk(dir.path(), &id.to_string()), (1, 0, None));
+    // Every read: leased, attempt 1, the lease's expiry.
+    let m = s.get(id).await.expect("get").expect("found");
+    assert_eq!((m.state, m.attempts), (State::Leased, 1));
+    assert_eq!(m.lease_expires_at, Some(at(60_010)));
+    let leased = MessageFilter {
+        state: Some(State::Leased),
+        ..MessageFilter::default()
+    };
+    let ready = MessageFilter {
+        state: Some(State::Ready),
+        ..MessageFilter::default()
+    };
+    let page = s.search(leased.clone(), 10, None).await.expect("search");
+    assert_eq!(page.messages.len(), 1, "found as leased");
+    assert_eq!(page.messages[0].state, State::Leased);
+    assert!(s
+        .search(ready.clone(), 10, None)
+        .await
+        .expect("search")
+        .messages
+        .is_empty());
+    assert_eq!(s.count(leased.clone()).await.expect("count"), 1);
+    assert_eq!(s.count(ready.clone()).await.expect("count"), 0);
+    let stats = s.queue_stats().await.expect("stats");
+    assert_eq!(stats[0].counts[State::Leased.code() as usize], 1);
+    assert_eq!(
+        stats[0].oldest_ready_due, None,
+        "the only ready row is leased"
+    );
+    // An extend moves the expiry in memory only.
+    let new = s
+        .extend(lref(&l), 120_000, Some(at(20)))
+        .await
+        .expect("extend");
+    assert_eq!(new, at(120_020));
+    assert_eq!(on_disk(dir.path(), &id.to_string()), (1, 0, None));
+    // The ack writes the lease and done together.
+    s.ack(vec![lref(&l).into()], Some(at(30)))
+        .await
+        .expect("ack")[0]
+        .as_ref()
+        .expect("acked");
+    assert_eq!(
+        on_disk(dir.path(), &id.to_string()),
+        (3, 1, Some(l.token.clone()))
+    );
+    let m = s.get(id).await.expect("get").expect("found");
+    assert_eq!((m.state, m.attempts, m.history.len()), (State::Done, 1, 1));
+    assert_eq!(m.history[0].leased_at, Some(at(10)));
+    assert_eq!(s.count(leased).await.expect("count"), 0);
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_writes_the_lease_with_its_failure_and_a_close_keeps_live_leases() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let items = (0..2)
+        .map(|i| NewMessage::new(Q, json!({ "i": i })))
+        .collect();
+    s.publish(items, Some(at(0))).await.expect("publish");
+    let ls = lease(&s, 2, 10).await;
+    assert_eq!(ls.len(), 2);
+    let nack = Nack {
+        response: None,
+        waited: Vec::new(),
+        lease: lref(&ls[0]),
+        failure: Failure::new(ErrorClass::Transient, "down"),
+    };
+    let out = s.nack(vec![nack], Some(at(20))).await.expect("nack");
+    let failed = out.into_iter().next().expect("one").expect("nacked");
+    assert_eq!(failed.message.attempts, 1);
+    let (state, attempts, token) = on_disk(dir.path(), &ls[0].message.id.to_string());
+    assert_eq!(
+        (attempts, token.as_deref()),
+        (1, Some(ls[0].token.as_str()))
+    );
+    assert_ne!(state, 2, "failed, not leased");
+    // The other lease is live at the close: written into its row, kept by the reopen.
+    s.close().await;
+    let id = ls[1].message.id.to_string();
+    assert_eq!(on_disk(dir.path(), &id), (2, 1, Some(ls[1].token.clone())));
+    let s = open(dir.path());
+    s.ack(vec![lref(&ls[1]).into()], Some(at(40)))
+        .await
+        .expect("ack")[0]
+        .as_ref()
+        .expect("the lease outlived the restart");
+    s.close().await;
+}
+
+/// Past the window's refill size and its bound, with priorities mixed in: every message is
+/// leased once, in claim order (priority first, then publish order here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_hands_out_every_message_once_in_claim_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    const N: usize = 20_000;
+    // One message leased first: the window is loaded whole (its bound past the end), so
+    // the publishes that follow go into it until it overflows its bound and is cut.
+    s.publish(vec![NewMessage::new(Q, json!({ "n": -1 }))], Some(at(0)))
+        .await
+        .expect("publish");
+    assert_eq!(lease(&s, 1, 10).await.len(), 1);
+    for chunk in 0..(N / 1_000) {
+        let items = (0..1_000)
+            .map(|i| {
+                let n = chunk * 1_000 + i;
+                NewMessage {
+                    priority: if n % 7 == 0 { 5 } else { 0 },
+                    ..NewMessage::new(Q, json!({ "n": n }))
+                }
+            })
+            .collect();
+        s.publish(items, Some(at(0))).await.expect("publish");
+    }
+    let mut seen = HashSet::new();
+    let mut order = Vec::new();
+    loop {
+        let got = lease(&s, 500, 10).await;
+        if got.is_empty() {
+            break;
+        }
+        for l in got {
+            let n = l.message.payload["n"]
+                .as_u64()
+                .expect("n: the first is not leased again");
+            assert!(seen.insert(n), "message {n} leased twice");
+            order.push((l.message.priority, n));
+        }
+        // Publish more while leasing: they join behind (or, with priority 9, in front).
+        if order.len() == 10_000 {
+            let late = NewMessage {
+                priority: 9,
+                ..NewMessage::new(Q, json!({ "n": N }))
+            };
+            s.publish(vec![late], Some(at(0))).await.expect("publish");
+        }
+    }
+    assert_eq!(seen.len(), N + 1, "every message leased");
+    let mut sorted = order.clone();
+    sorted[..10_000].sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    assert_eq!(order[..10_000], sorted[..10_000], "claim order");
+    assert_eq!(
+        order[10_000],
+        (9, N as u64),
+        "the late high priority goes first"
+    );
+    s.close().await;
+}
