@@ -21,8 +21,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Longest time between two checkpoints while commits keep coming.
-pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
+/// Longest time between two checkpoints while commits keep coming. Short, so that the
+/// early rewind (`rewind_early`) runs as soon as the log holds half the writer's bound:
+/// at 200 ms the log often reached the bound first (about 115 MB/s of log at 10,000
+/// deliveries/s), and the writer's own rewind then copied up to 200 ms of frames while
+/// every request waited (lateness p99 18–20 ms on 100,000 due over 10 s; 6–7 ms at 10 ms,
+/// with retry-cycle throughput within 2 %: docs/PERFORMANCE.md).
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(10);
 
 /// After this long without a commit, the WAL is checkpointed and truncated to zero bytes, so
 /// the disk it took under load is given back when the load stops.
