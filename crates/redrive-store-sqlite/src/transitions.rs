@@ -635,45 +635,17 @@ impl WriterState {
         entry.response = response.cloned();
         row.last_error = Some(serde_json::to_string(&last_error)?);
         let life = &row.life;
-        if let Some(held) = self.hot.get(&row.id).cloned() {
-            // The lease is held in memory (the row is `ready` on disk, as before it): the
-            // lease's columns are written with the failure, in the one statement.
-            let n = self.conn
-                .prepare_cached(
-                    "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
-                     finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
-                     history = json_insert(history, '$[#]', json(?11)), lease_end = ?12, \
-                     attempts = ?13, lease_token = ?14, leased_at = ?15, lease_expires_at = ?16 \
-                     WHERE seq = ?1 AND state = 1 AND attempts = ?13 - 1",
-                ).db()?
-                .execute(params![
-                    row.seq,
-                    life.state.code(),
-                    ms(life.due_at),
-                    delay_ms(life.prev_delay_ms),
-                    life.uncounted,
-                    life.updated_at.as_millis(),
-                    ms(life.finished_at),
-                    life.dead_reason.map(|r| r.as_str()),
-                    class.as_str(),
-                    row.last_error,
-                    serde_json::to_string(&entry)?,
-                    life.lease_end.map(LeaseEnd::as_str),
-                    held.attempt,
-                    held.token,
-                    held.leased_at,
-                    held.expires_at,
-                ]).db()?;
-            if n != 1 {
-                return Err(lease_lost(&row.id));
-            }
-            self.hot.end(&row.id);
-        } else {
-            self.conn
+        // A lease held in memory (the row is `ready` on disk, as before it) is written with
+        // the failure, in the one statement: its columns, and only onto the row as it left it.
+        let held = self.hot.get(&row.id).cloned();
+        let n = self.conn
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
                  finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
-                 history = json_insert(history, '$[#]', json(?11)), lease_end = ?12 WHERE seq = ?1",
+                 history = json_insert(history, '$[#]', json(?11)), lease_end = ?12, \
+                 attempts = coalesce(?13, attempts), lease_token = coalesce(?14, lease_token), \
+                 leased_at = coalesce(?15, leased_at), lease_expires_at = coalesce(?16, lease_expires_at) \
+                 WHERE seq = ?1 AND (?13 IS NULL OR (state = 1 AND attempts = ?13 - 1))",
             ).db()?
             .execute(params![
                 row.seq,
@@ -688,7 +660,16 @@ impl WriterState {
                 row.last_error,
                 serde_json::to_string(&entry)?,
                 life.lease_end.map(LeaseEnd::as_str),
+                held.as_ref().map(|h| h.attempt),
+                held.as_ref().map(|h| h.token.as_str()),
+                held.as_ref().map(|h| h.leased_at),
+                held.as_ref().map(|h| h.expires_at),
             ]).db()?;
+        if held.is_some() {
+            if n != 1 {
+                return Err(lease_lost(&row.id));
+            }
+            self.hot.end(&row.id);
         }
         self.moved(&row.queue, Some(from), Some(row.life.state));
         self.place_ready(&row);
