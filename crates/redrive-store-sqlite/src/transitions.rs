@@ -715,24 +715,28 @@ impl WriterState {
                 .then(a.life.due_at.cmp(&b.life.due_at))
                 .then(a.seq.cmp(&b.seq))
         });
-        let catalog = Arc::clone(&self.catalog);
-        let policy = &catalog.get(&req.queue).retry;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
-            self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
-            let max_attempts = row.life.max_attempts(policy);
-            out.push(LeasedRow {
-                row,
-                expires_at: expires,
-                lateness_ms,
-                max_attempts,
-            });
+            out.push(self.handed_out(row, now, expires));
         }
         if !out.is_empty() {
             self.wake_at(expires.as_millis());
         }
         Ok(out)
+    }
+
+    /// A row just leased (`leased` already), as the lease's answer: counted as moved from
+    /// `ready`, with its lateness and its attempt budget.
+    fn handed_out(&mut self, row: Row, now: Timestamp, expires: Timestamp) -> LeasedRow {
+        let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
+        self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
+        let max_attempts = row.life.max_attempts(&self.catalog.get(&row.queue).retry);
+        LeasedRow {
+            row,
+            expires_at: expires,
+            lateness_ms,
+            max_attempts,
+        }
     }
 
     /// A lease held in memory (`hot.rs`): the queue's next candidates, each checked against
@@ -746,8 +750,6 @@ impl WriterState {
         let budget = req.max_bytes.filter(|_| req.max > 1);
         let expires = now.plus_ms(req.lease_ms);
         let nonce = format!("{:016x}", self.rng.next_u64() ^ self.epoch);
-        let catalog = Arc::clone(&self.catalog);
-        let policy = &catalog.get(&req.queue).retry;
         let mut out: Vec<LeasedRow> = Vec::with_capacity(want);
         let mut used = 0u64;
         while out.len() < want {
@@ -801,15 +803,7 @@ impl WriterState {
             hot::overlay(&mut row, &lease.view());
             let id = row.id.clone();
             self.hot.lease(&id, key, lease);
-            let lateness_ms = now.as_millis() - row.life.due_at.unwrap_or(now).as_millis();
-            self.moved(&row.queue, Some(State::Ready), Some(State::Leased));
-            let max_attempts = row.life.max_attempts(policy);
-            out.push(LeasedRow {
-                row,
-                expires_at: expires,
-                lateness_ms,
-                max_attempts,
-            });
+            out.push(self.handed_out(row, now, expires));
         }
         if !out.is_empty() {
             self.wake_at(expires.as_millis());
