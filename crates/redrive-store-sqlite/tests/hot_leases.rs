@@ -3,39 +3,21 @@
 
 use redrive_core::{ErrorClass, Failure, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q};
-use redrive_storage::{LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, Store};
+use redrive_storage::{MessageFilter, Nack, Store};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
 
+mod common;
+use common::{lease, lref};
+
 fn open(dir: &Path) -> SqliteStore {
     let mut opts = SqliteOptions::new(dir);
     opts.store.catalog = std::sync::Arc::new(conformance::catalog());
     opts.store.seed = Some(5);
     SqliteStore::open(opts).expect("open store")
-}
-
-async fn lease(s: &SqliteStore, max: u32, now: i64) -> Vec<Leased> {
-    s.lease(
-        LeaseRequest {
-            queue: Q.into(),
-            max,
-            lease_ms: 60_000,
-            max_bytes: None,
-        },
-        Some(at(now)),
-    )
-    .await
-    .expect("lease")
-}
-
-fn lref(l: &Leased) -> LeaseRef {
-    LeaseRef {
-        id: l.message.id,
-        token: l.token.clone(),
-    }
 }
 
 /// `(state, attempts, lease_token)` of a message's row in the file.
@@ -60,7 +42,7 @@ async fn a_lease_writes_no_row_and_every_read_sees_it_leased() {
         .await
         .expect("publish");
     let id = published[0].message.id;
-    let l = lease(&s, 1, 10).await.remove(0);
+    let l = lease(&s, 1, 60_000, 10).await.remove(0);
     assert_eq!(l.attempt, 1);
     // The file: still ready, no attempt, no token.
     assert_eq!(on_disk(dir.path(), &id.to_string()), (1, 0, None));
@@ -125,7 +107,7 @@ async fn a_nack_writes_the_lease_with_its_failure_and_a_close_keeps_live_leases(
         .map(|i| NewMessage::new(Q, json!({ "i": i })))
         .collect();
     s.publish(items, Some(at(0))).await.expect("publish");
-    let ls = lease(&s, 2, 10).await;
+    let ls = lease(&s, 2, 60_000, 10).await;
     assert_eq!(ls.len(), 2);
     let nack = Nack {
         response: None,
@@ -167,7 +149,7 @@ async fn the_window_hands_out_every_message_once_in_claim_order() {
     s.publish(vec![NewMessage::new(Q, json!({ "n": -1 }))], Some(at(0)))
         .await
         .expect("publish");
-    assert_eq!(lease(&s, 1, 10).await.len(), 1);
+    assert_eq!(lease(&s, 1, 60_000, 10).await.len(), 1);
     for chunk in 0..(N / 1_000) {
         let items = (0..1_000)
             .map(|i| {
@@ -183,7 +165,7 @@ async fn the_window_hands_out_every_message_once_in_claim_order() {
     let mut seen = HashSet::new();
     let mut order = Vec::new();
     loop {
-        let got = lease(&s, 500, 10).await;
+        let got = lease(&s, 500, 60_000, 10).await;
         if got.is_empty() {
             break;
         }

@@ -7,12 +7,13 @@
 
 use redrive_core::{ErrorClass, Failure, Message, MessageId, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q};
-use redrive_storage::{
-    LeaseRef, LeaseRequest, Leased, MessageFilter, Nack, QueueStats, Store, StoreError,
-};
+use redrive_storage::{LeaseRef, Leased, MessageFilter, Nack, QueueStats, Store, StoreError};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::path::Path;
+
+mod common;
+use common::{lease, lref};
 
 fn open(dir: &Path) -> SqliteStore {
     let mut opts = SqliteOptions::new(dir);
@@ -21,28 +22,6 @@ fn open(dir: &Path) -> SqliteStore {
     SqliteStore::open(opts).expect("open store")
 }
 
-async fn lease(s: &SqliteStore, max: u32, lease_ms: u64, now: i64) -> Vec<Leased> {
-    s.lease(
-        LeaseRequest {
-            queue: Q.into(),
-            max,
-            lease_ms,
-            max_bytes: None,
-        },
-        Some(at(now)),
-    )
-    .await
-    .expect("lease")
-}
-
-fn lref(l: &Leased) -> LeaseRef {
-    LeaseRef {
-        id: l.message.id,
-        token: l.token.clone(),
-    }
-}
-
-/// What a store looks like from outside: every message (with history) and the stats.
 async fn snapshot(s: &SqliteStore, ids: &[MessageId]) -> (Vec<Option<Message>>, Vec<QueueStats>) {
     let mut messages = Vec::new();
     for id in ids {
