@@ -13,6 +13,7 @@
 //! with [`StoreError::Poisoned`]. Retrying an fsync that failed is not safe
 //! (the kernel may have dropped the dirty pages), so the store never pretends.
 
+use crate::sql_error::SqlResultExt;
 use crate::transitions::WriterState;
 use redrive_core::Timestamp;
 use redrive_storage::{CommitStats, StoreError};
@@ -161,18 +162,13 @@ fn keep_leases(state: &mut WriterState, shared: &Shared) {
     if state.hot.is_empty() || shared.poisoned.lock().map_or(true, |p| p.is_some()) {
         return;
     }
-    let kept = state
-        .conn
-        .execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| StoreError::Backend(e.to_string()))
-        .and_then(|()| state.flush_hot());
-    match kept.and_then(|n| {
-        state
-            .conn
-            .execute_batch("COMMIT")
-            .map(|()| n)
-            .map_err(|e| StoreError::Backend(e.to_string()))
-    }) {
+    let mut kept = || -> Result<usize, StoreError> {
+        state.conn.execute_batch("BEGIN IMMEDIATE").db()?;
+        let n = state.flush_hot()?;
+        state.conn.execute_batch("COMMIT").db()?;
+        Ok(n)
+    };
+    match kept() {
         Ok(n) => tracing::debug!(leases = n, "leases held in memory written at close"),
         Err(e) => {
             let _ = state.conn.execute_batch("ROLLBACK");

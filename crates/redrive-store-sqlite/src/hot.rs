@@ -17,13 +17,13 @@
 //!   checked against its row when it is leased (the row is read then anyway, for its
 //!   payload), so one that left `ready` meanwhile (killed, deleted) is dropped there.
 //!   A transition that makes a row ready without saying where it goes resets its queue's
-//!   window (`WriterState::keep_command` compares the two counts): slower, never a
-//!   message left behind.
-//! - **A lease ends** when a transition reads its row: the ack's own statement writes the
-//!   lease's columns with `done` in one `UPDATE` (`transitions.rs::ack_hot`); every other
-//!   transition (nack, release, expiry, kill, redrive …) first writes the lease into the
-//!   row as the lease statement would have (`WriterState::materialize`), then runs as on
-//!   any leased row. An extend changes only the expiry here.
+//!   window (counted per job, [`Hot::keep_job`]): slower, never a message left behind.
+//! - **A lease ends** when a transition reads its row: the ack's statement writes the
+//!   lease's columns with `done` (`transitions.rs::ack`), a nack's or an expiry's with the
+//!   failure (`write_failed`), both only onto the row as the lease left it; every other
+//!   transition (release, kill, redrive …) first writes the lease into the row as the lease
+//!   statement would have (`WriterState::materialize`), then runs as on any leased row. An
+//!   extend changes only the expiry here.
 //! - **Rollback**: a job's changes here are undone when its savepoint is rolled back
 //!   ([`Hot::rollback_job`]); readers see them only after the batch commits
 //!   ([`Hot::batch_committed`]), as they see the rows.
@@ -183,8 +183,8 @@ pub fn overlay(row: &mut Row, view: &LeaseView) -> bool {
 /// A job's change here, to undo if its savepoint is rolled back.
 #[derive(Debug)]
 enum Undo {
-    /// A lease taken from the window.
-    Leased { id: String, queue: String, key: Key },
+    /// A lease taken from the window (its queue's) at `key`.
+    Leased { id: String, key: Key },
     /// A lease ended (acked, or written into its row).
     Ended { id: String, lease: MemLease },
     /// A lease's expiry moved.
@@ -202,9 +202,9 @@ pub struct Hot {
     job_views: Vec<(String, Option<LeaseView>)>,
     batch_views: Vec<(String, Option<LeaseView>)>,
     views: Views,
-    /// Queues of the running job's transitions into `ready`, and of those it placed.
-    job_ready: Vec<String>,
-    job_placed: Vec<String>,
+    /// Per queue, the running job's transitions into `ready` less those it placed in the
+    /// window ([`Self::moved_ready`], [`Self::made_ready`]).
+    job_unplaced: HashMap<String, i64>,
 }
 
 impl Hot {
@@ -218,8 +218,7 @@ impl Hot {
             job_views: Vec::new(),
             batch_views: Vec::new(),
             views: Arc::new(Mutex::new(HashMap::new())),
-            job_ready: Vec::new(),
-            job_placed: Vec::new(),
+            job_unplaced: HashMap::new(),
         }
     }
 
@@ -289,7 +288,7 @@ impl Hot {
 
     /// A transition made the row at `key` of `queue` leasable (ready, unordered queue).
     pub fn made_ready(&mut self, queue: &str, key: Key) {
-        self.job_placed.push(queue.to_owned());
+        self.count_unplaced(queue, -1);
         if let Some(w) = self.windows.get_mut(queue) {
             w.insert(key);
         }
@@ -297,7 +296,16 @@ impl Hot {
 
     /// A transition moved a row of `queue` into `ready` (counted against [`Self::made_ready`]).
     pub fn moved_ready(&mut self, queue: &str) {
-        self.job_ready.push(queue.to_owned());
+        self.count_unplaced(queue, 1);
+    }
+
+    fn count_unplaced(&mut self, queue: &str, by: i64) {
+        match self.job_unplaced.get_mut(queue) {
+            Some(n) => *n += by,
+            None => {
+                self.job_unplaced.insert(queue.to_owned(), by);
+            }
+        }
     }
 
     /// Forget what the window of `queue` holds: the next lease loads it from the start.
@@ -309,12 +317,9 @@ impl Hot {
 
     /// Lease the candidate `key` of `queue` (its row is message `id`).
     pub fn lease(&mut self, id: &str, key: Key, lease: MemLease) {
-        if let Some(w) = self.windows.get_mut(&lease.queue) {
-            w.set.remove(&key);
-        }
+        self.drop_candidate(&lease.queue, &key);
         self.undo.push(Undo::Leased {
             id: id.to_owned(),
-            queue: lease.queue.clone(),
             key,
         });
         self.insert(id, lease);
@@ -364,32 +369,29 @@ impl Hot {
     pub fn keep_job(&mut self) {
         self.undo.clear();
         self.batch_views.append(&mut self.job_views);
-        let mut ready = std::mem::take(&mut self.job_ready);
-        for q in self.job_placed.drain(..) {
-            if let Some(i) = ready.iter().position(|r| *r == q) {
-                ready.swap_remove(i);
+        let unplaced = std::mem::take(&mut self.job_unplaced);
+        for (q, n) in unplaced {
+            if n > 0 {
+                tracing::debug!(queue = %q, "a row made ready was not placed: window reset");
+                self.reset(&q);
             }
-        }
-        for q in ready {
-            tracing::debug!(queue = %q, "a row made ready was not placed: window reset");
-            self.reset(&q);
         }
     }
 
     /// The running job was rolled back: undo what it did here.
     pub fn rollback_job(&mut self) {
+        // The view changes were not published: dropping them takes them back.
         self.job_views.clear();
-        self.job_ready.clear();
-        self.job_placed.clear();
+        self.job_unplaced.clear();
         while let Some(u) = self.undo.pop() {
             match u {
-                Undo::Leased { id, queue, key } => {
+                Undo::Leased { id, key } => {
                     if let Some(lease) = self.leases.remove(&id) {
                         self.seqs.remove(&lease.seq);
                         self.by_expiry.remove(&(lease.expires_at, id));
-                    }
-                    if let Some(w) = self.windows.get_mut(&queue) {
-                        w.insert(key);
+                        if let Some(w) = self.windows.get_mut(&lease.queue) {
+                            w.insert(key);
+                        }
                     }
                 }
                 Undo::Ended { id, lease } => {
@@ -406,8 +408,6 @@ impl Hot {
                 }
             }
         }
-        // The view changes were not published: nothing to take back there.
-        self.job_views.clear();
     }
 
     /// The batch committed: readers see its leases now.
@@ -415,8 +415,9 @@ impl Hot {
         if self.batch_views.is_empty() {
             return;
         }
+        let changes = std::mem::take(&mut self.batch_views);
         if let Ok(mut views) = self.views.lock() {
-            for (id, v) in self.batch_views.drain(..) {
+            for (id, v) in changes {
                 match v {
                     Some(v) => {
                         views.insert(id, v);
@@ -427,7 +428,6 @@ impl Hot {
                 }
             }
         }
-        self.batch_views.clear();
     }
 
     /// The batch failed: its changes are not published (the store is poisoned).

@@ -345,6 +345,16 @@ impl SqliteStore {
         let _ = settled.wait_for(|done| *done >= need).await;
     }
 
+    /// [`Self::read`] with the leases held in memory as readers see them, taken before the
+    /// rows are read (`reads::Held`).
+    async fn read_held<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, &reads::Held) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let views = self.held.clone();
+        self.read(move |c| f(c, &reads::Held::of(&views))).await
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -547,17 +557,12 @@ impl Store for SqliteStore {
         limit: u32,
         cursor: Option<String>,
     ) -> Result<Page, StoreError> {
-        let views = self.held.clone();
-        self.read(move |c| {
-            let held = reads::Held::of(&views);
-            reads::search(c, &filter, limit, cursor.as_deref(), &held)
-        })
-        .await
+        self.read_held(move |c, held| reads::search(c, &filter, limit, cursor.as_deref(), held))
+            .await
     }
 
     async fn count(&self, filter: MessageFilter) -> Result<u64, StoreError> {
-        let views = self.held.clone();
-        self.read(move |c| reads::count(c, &filter, &reads::Held::of(&views)))
+        self.read_held(move |c, held| reads::count(c, &filter, held))
             .await
     }
 
@@ -661,8 +666,7 @@ impl Store for SqliteStore {
             .lock()
             .map(|c| c.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default();
-        let views = self.held.clone();
-        self.read(move |c| reads::queue_stats(c, counts, &reads::Held::of(&views)))
+        self.read_held(move |c, held| reads::queue_stats(c, counts, held))
             .await
     }
 

@@ -135,8 +135,8 @@ pub struct Promoted {
     pub per_queue: Vec<(String, usize)>,
     /// Whether messages due at `t` are left (the limit was reached).
     pub more: bool,
-    /// Each message made ready: its queue and place in claim order (`hot.rs`).
-    pub made_ready: Vec<(String, crate::hot::Key)>,
+    /// The messages made ready, per queue share: their places in claim order (`hot.rs`).
+    pub made_ready: Vec<(String, Vec<crate::hot::Key>)>,
 }
 
 /// Promote the scheduled messages due at `t`, at most [`TICK_PROMOTE_LIMIT`], shared
@@ -187,7 +187,9 @@ pub fn promote(
                 .collect::<Result<_, _>>()
                 .db()?;
             let n = keys.len();
-            made_ready.extend(keys.into_iter().map(|k| (queue.clone(), k)));
+            if n > 0 {
+                made_ready.push((queue.clone(), keys));
+            }
             left -= n.min(left);
             if n > 0 {
                 match per_queue.iter_mut().find(|(q, _)| *q == queue) {

@@ -185,17 +185,14 @@ impl WriterState {
 
     /// The earliest scheduled due time or lease expiry, ms: at open and after a tick.
     pub fn next_wake(&mut self) -> Result<Option<i64>, StoreError> {
-        let leases = match (
+        Ok([
+            self.due.earliest(&self.conn)?,
             crate::reads::next_lease_expiry(&self.conn)?,
             self.hot.next_expiry(),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Ok(match (self.due.earliest(&self.conn)?, leases) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+        ]
+        .into_iter()
+        .flatten()
+        .min())
     }
 
     // ---- batch bookkeeping (called by group_commit) ----
@@ -306,8 +303,9 @@ impl WriterState {
         }
     }
 
-    /// Write the lease of `id` held in memory into its row, as the lease statement would
-    /// have: the row is then a leased row like any other, and the lease is no longer here.
+    /// Write the lease of `id` held in memory (if any) into its row, as the lease statement
+    /// would have: the row is then a leased row like any other, and the lease is no longer
+    /// here.
     fn materialize(&mut self, id: &str) -> Result<(), StoreError> {
         let Some(lease) = self.hot.end(id) else {
             return Ok(());
@@ -347,10 +345,7 @@ impl WriterState {
 
     /// The row of `id`, with its lease written into it if the lease was held in memory.
     fn row_by_id(&mut self, id: &MessageId) -> Result<Row, StoreError> {
-        let id_text = id.to_string();
-        if self.hot.get(&id_text).is_some() {
-            self.materialize(&id_text)?;
-        }
+        self.materialize(&id.to_string())?;
         self.stored_row(id)
     }
 
@@ -839,6 +834,18 @@ impl WriterState {
         Ok(n.max(1))
     }
 
+    /// The row of a lease held in memory with `lease`'s token, as the lease shows it and
+    /// checked live ([`Self::check_lease`]); `None` when no such lease is held here.
+    fn held_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Option<Row>, StoreError> {
+        let id = lease.id.to_string();
+        if self.hot.get(&id).is_none_or(|m| m.token != lease.token) {
+            return Ok(None);
+        }
+        let row = self.row_seen(&lease.id)?;
+        self.check_lease(&row, &lease.token, now)?;
+        Ok(Some(row))
+    }
+
     /// The row of a lease, if `lease` is the message's live lease.
     fn leased_row(&mut self, lease: &LeaseRef, now: Timestamp) -> Result<Row, StoreError> {
         let row = self.row_by_id(&lease.id)?;
@@ -857,30 +864,31 @@ impl WriterState {
 
     pub fn ack(&mut self, ack: &Ack, now: Timestamp) -> Result<AckedRow, StoreError> {
         let lease = &ack.lease;
-        let live_here = self
+        let id = lease.id.to_string();
+        // A live lease held in memory: its row is `ready` on disk, as the lease found it.
+        let held = self
             .hot
-            .get(&lease.id.to_string())
+            .get(&id)
             .filter(|m| m.token == lease.token && m.expires_at > now.as_millis())
             .cloned();
-        if let Some(held) = live_here {
-            return self.ack_hot(ack, held, now);
-        }
         if !ack.waited.is_empty() {
             // Before the attempt's entry; only for the live lease (the fast path's condition
             // below: a retried ack notes nothing, and a refused one is named after it).
-            let live: Option<(i64, u32)> = self
-                .conn
-                .prepare_cached(
-                    "SELECT seq, attempts FROM messages \
-                     WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3",
-                )
-                .db()?
-                .query_row(
-                    params![lease.id.to_string(), lease.token, now.as_millis()],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .db()?;
+            let live: Option<(i64, u32)> = match &held {
+                Some(h) => Some((h.seq, h.attempt)),
+                None => self
+                    .conn
+                    .prepare_cached(
+                        "SELECT seq, attempts FROM messages \
+                         WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3",
+                    )
+                    .db()?
+                    .query_row(params![id, lease.token, now.as_millis()], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()
+                    .db()?,
+            };
             if let Some((seq, attempts)) = live {
                 self.note_waits(seq, attempts, &ack.waited, now)?;
             }
@@ -891,29 +899,51 @@ impl WriterState {
             .map(serde_json::to_string)
             .transpose()?;
         // Fast path, one statement: the live lease is acked and its history entry appended.
-        // The entry's timestamps are rendered by SQLite in the format of `Timestamp`.
+        // The entry's timestamps are rendered by SQLite in the format of `Timestamp`. A lease
+        // held in memory (`?7`…`?9`: its attempt, start and expiry) is written with it, onto
+        // the row only as the lease left it.
         let fast: Option<Row> = self
             .conn
             .prepare_cached(concat!(
                 "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
-                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', attempts, 'at', ?4, \
-                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch'), \
+                 lease_token = ?2, attempts = coalesce(?7, attempts), leased_at = coalesce(?8, leased_at), \
+                 lease_expires_at = coalesce(?9, lease_expires_at), \
+                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', coalesce(?7, attempts), 'at', ?4, \
+                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', coalesce(?8, leased_at) / 1000.0, 'unixepoch'), \
                    'event', ?6), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
-                 WHERE id = ?1 AND lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 RETURNING ",
+                 WHERE id = ?1 AND CASE WHEN ?7 IS NULL \
+                   THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
+                   ELSE state = 1 AND attempts = ?7 - 1 END RETURNING ",
                 columns!()
             )).db()?
             .query_row(
-                params![lease.id.to_string(), lease.token, now.as_millis(), now.to_rfc3339(), response, ack.event.as_str()],
+                params![
+                    id,
+                    lease.token,
+                    now.as_millis(),
+                    now.to_rfc3339(),
+                    response,
+                    ack.event.as_str(),
+                    held.as_ref().map(|h| h.attempt),
+                    held.as_ref().map(|h| h.leased_at),
+                    held.as_ref().map(|h| h.expires_at),
+                ],
                 crate::row::from_sql,
             )
             .optional().db()?;
         if let Some(row) = fast {
+            if held.is_some() {
+                self.hot.end(&id);
+            }
             self.moved(&row.queue, Some(State::Leased), Some(State::Done));
             self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
             return Ok(AckedRow {
                 row,
                 repeated: false,
             });
+        }
+        if held.is_some() {
+            return Err(lease_lost(&id));
         }
         // Not the live lease: a retried ack of a done message, or an error to name. The fast
         // path's WHERE is exactly `check_lease`, so this never acks anything itself.
@@ -932,72 +962,11 @@ impl WriterState {
         )))
     }
 
-    /// The ack of a live lease held in memory: one statement writes the lease's columns,
-    /// `done` and the attempt's history entry into the row (still `ready` on disk).
-    fn ack_hot(
-        &mut self,
-        ack: &Ack,
-        held: MemLease,
-        now: Timestamp,
-    ) -> Result<AckedRow, StoreError> {
-        if !ack.waited.is_empty() {
-            self.note_waits(held.seq, held.attempt, &ack.waited, now)?;
-        }
-        let response = ack
-            .response
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()?;
-        let row: Option<Row> = self
-            .conn
-            .prepare_cached(concat!(
-                "UPDATE messages SET state = 3, attempts = ?7, lease_token = ?2, leased_at = ?8, \
-                 lease_expires_at = ?9, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
-                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', ?7, 'at', ?4, \
-                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', ?8 / 1000.0, 'unixepoch'), \
-                   'event', ?6), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
-                 WHERE seq = ?1 AND state = 1 AND attempts = ?7 - 1 RETURNING ",
-                columns!()
-            ))
-            .db()?
-            .query_row(
-                params![
-                    held.seq,
-                    held.token,
-                    now.as_millis(),
-                    now.to_rfc3339(),
-                    response,
-                    ack.event.as_str(),
-                    held.attempt,
-                    held.leased_at,
-                    held.expires_at
-                ],
-                crate::row::from_sql,
-            )
-            .optional()
-            .db()?;
-        let id = ack.lease.id.to_string();
-        let row = row.ok_or_else(|| lease_lost(&id))?;
-        self.hot.end(&id);
-        self.moved(&row.queue, Some(State::Leased), Some(State::Done));
-        Ok(AckedRow {
-            row,
-            repeated: false,
-        })
-    }
-
     pub fn nack(&mut self, nack: &Nack, now: Timestamp) -> Result<FailedRow, StoreError> {
-        let held = self
-            .hot
-            .get(&nack.lease.id.to_string())
-            .is_some_and(|m| m.token == nack.lease.token);
-        let row = if held {
-            // Held in memory: the failure's write carries the lease's columns (`write_failed`).
-            let row = self.row_seen(&nack.lease.id)?;
-            self.check_lease(&row, &nack.lease.token, now)?;
-            row
-        } else {
-            self.leased_row(&nack.lease, now)?
+        // Held in memory: the failure's write carries the lease's columns (`write_failed`).
+        let row = match self.held_row(&nack.lease, now)? {
+            Some(row) => row,
+            None => self.leased_row(&nack.lease, now)?,
         };
         self.note_waits(row.seq, row.life.attempts, &nack.waited, now)?;
         let end = AttemptEnd::lease(LeaseEnd::Settled(Settled::Nacked));
@@ -1093,13 +1062,10 @@ impl WriterState {
         by_ms: u64,
         now: Timestamp,
     ) -> Result<Timestamp, StoreError> {
-        let id = lease.id.to_string();
-        if self.hot.get(&id).is_some_and(|m| m.token == lease.token) {
+        if let Some(mut row) = self.held_row(lease, now)? {
             // Held in memory: only the expiry moves, nothing is written.
-            let mut row = self.row_seen(&lease.id)?;
-            self.check_lease(&row, &lease.token, now)?;
             let new = rules::extend(&mut row.life, by_ms, now);
-            self.hot.extend(&id, new.as_millis());
+            self.hot.extend(&row.id, new.as_millis());
             return Ok(new);
         }
         let mut row = self.leased_row(lease, now)?;
@@ -1261,9 +1227,11 @@ impl WriterState {
             }
             ready_queues.push(q);
         }
-        for (q, key) in &promoted.made_ready {
-            if self.leases_in_memory(q) {
-                self.hot.made_ready(q, *key);
+        for (q, keys) in promoted.made_ready {
+            if self.leases_in_memory(&q) {
+                for key in keys {
+                    self.hot.made_ready(&q, key);
+                }
             }
         }
         let sql = concat!(
@@ -1271,7 +1239,7 @@ impl WriterState {
             columns!(),
             " FROM messages WHERE state = 2 AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
         );
-        let expired_rows: Vec<Row> = self
+        let mut expired_rows: Vec<Row> = self
             .conn
             .prepare_cached(sql)
             .db()?
@@ -1280,19 +1248,18 @@ impl WriterState {
             .collect::<Result<_, _>>()
             .db()?;
         more |= expired_rows.len() as i64 >= TICK_EXPIRE_LIMIT;
-        // Then the leases held in memory, written into their rows first.
+        // Then the leases held in memory: their rows as the leases show them (the failure
+        // writes the lease's columns with it, `write_failed`).
         let left = (TICK_EXPIRE_LIMIT as usize).saturating_sub(expired_rows.len());
         let mut held = self.hot.expired(t, left + 1);
         if held.len() > left {
             more = true;
             held.truncate(left);
         }
-        let mut expired_rows = expired_rows;
         for id in held {
             let id: MessageId = id
                 .parse()
                 .map_err(|e: redrive_core::IdError| StoreError::Backend(e.to_string()))?;
-            // As it looks leased (the failure writes the lease's columns with it).
             expired_rows.push(self.row_seen(&id)?);
         }
         let mut expired = Vec::with_capacity(expired_rows.len());
