@@ -160,14 +160,21 @@ impl Load {
         }
     }
 
-    /// Every message of the queue: id → state (via the streamed export).
+    /// Every message of the queue: id → state (via the streamed export). The load's
+    /// timeout bounds a whole request, and an export of tens of thousands of messages on a
+    /// loaded machine may take longer (CI: over 10 s on PostgreSQL, beside four other fault
+    /// tests); here a stream that sends nothing for 30 s is no answer instead.
     pub async fn snapshot(&self) -> HashMap<String, String> {
         let filter = Filter {
             queue: Some(self.queue.clone()),
             ..Filter::default()
         };
-        let mut export = self
-            .api()
+        let streaming = reqwest::Client::builder()
+            .read_timeout(std::time::Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client");
+        let mut export = Client::with_http(&self.base, streaming)
+            .expect("a server URL")
             .export(&filter, ExportFormat::Jsonl)
             .await
             .expect("export");
