@@ -692,15 +692,16 @@ pub async fn next_lease_expiry<C: deadpool_postgres::GenericClient>(
 /// equal share, what one leaves goes to the others; with more due queues than the limit,
 /// one each and the start rotates from tick to tick. Each queue's share is one statement
 /// that locks what it promotes with `SKIP LOCKED`, so two ticks at once promote disjoint
-/// messages. Returns the messages made ready per queue.
+/// messages. `scheduled` is [`scheduled_queues`] as read in this transaction. Returns the
+/// messages made ready per queue.
 async fn promote(
     st: &Inner,
     tx: &Transaction<'_>,
+    scheduled: Vec<(String, i64)>,
     t: i64,
     limit: usize,
 ) -> Result<Vec<(String, usize)>, E> {
-    let mut due: Vec<(i64, String)> = scheduled_queues(tx)
-        .await?
+    let mut due: Vec<(i64, String)> = scheduled
         .into_iter()
         .filter(|(_, d)| *d <= t)
         .map(|(q, d)| (d, q))
@@ -755,12 +756,21 @@ pub async fn tick(
     now: Option<Timestamp>,
 ) -> Result<TickOutcome, E> {
     // Like a lease: a promotion or an expiry is nobody's acknowledged write, and is redone
-    // by the next tick if a crash loses it.
-    let (set, now) = tokio::join!(tx.batch_execute(ASYNC_COMMIT), resolve_now(tx, now));
+    // by the next tick if a crash loses it. A tick's lateness is the time its round trips
+    // take (the scheduler runs one after another while messages fall due), so statements
+    // that do not depend on each other go out together (tokio-postgres pipelines the
+    // queries of one connection): the setting, the clock and the due queues in one round
+    // trip; after the promotion, the expired leases, the next wake's two reads and the
+    // promotion's notice in one.
+    let (set, now, scheduled) = tokio::join!(
+        tx.batch_execute(ASYNC_COMMIT),
+        resolve_now(tx, now),
+        scheduled_queues(tx)
+    );
     set?;
     let now = now?;
     let t = now.as_millis();
-    let promoted = promote(st, tx, t, TICK_PROMOTE_LIMIT).await?;
+    let promoted = promote(st, tx, scheduled?, t, TICK_PROMOTE_LIMIT).await?;
     let mut ready_queues: Vec<String> = Vec::new();
     for (q, n) in promoted {
         cx.changes += n as u64;
@@ -773,7 +783,18 @@ pub async fn tick(
         " FROM messages WHERE state = 2 AND lease_expires_at <= $1 \
          ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     );
-    let rows = query(tx, sql, &[&t, &TICK_EXPIRE_LIMIT]).await?;
+    let expire_args: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&t, &TICK_EXPIRE_LIMIT];
+    // The other nodes' notice of what the promotion made ready goes out with them (the
+    // commit sends it); what the expiries make ready is noticed at the commit as usual.
+    let promoted_ready = std::mem::take(&mut cx.ready);
+    let (rows, mut scheduled, mut lease_expiry, noticed) = tokio::join!(
+        query(tx, sql, expire_args),
+        scheduled_queues(tx),
+        next_lease_expiry(tx),
+        crate::notify::send(tx, st.channel.as_deref(), st.epoch, &promoted_ready)
+    );
+    noticed?;
+    let rows = rows?;
     let mut more = rows.len() as i64 >= TICK_EXPIRE_LIMIT;
     let mut expired = Vec::with_capacity(rows.len());
     let lease_expired = Failure::lease_expired();
@@ -786,16 +807,17 @@ pub async fn tick(
         }
         expired.push(outcome);
     }
-    let scheduled = scheduled_queues(tx).await?;
+    if !expired.is_empty() {
+        // The expiries scheduled retries and ended leases: read the next wake again.
+        (scheduled, lease_expiry) = tokio::join!(scheduled_queues(tx), next_lease_expiry(tx));
+    }
+    let scheduled = scheduled?;
     more |= scheduled.iter().any(|(_, d)| *d <= t);
     let next = if more {
         Some(t)
     } else {
         let earliest = scheduled.iter().map(|(_, d)| *d).min();
-        match (earliest, next_lease_expiry(tx).await?) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [earliest, lease_expiry?].into_iter().flatten().min()
     };
     cx.wake = None;
     cx.exact_wake = Some(next);

@@ -169,6 +169,42 @@ pub fn a_publish_on_one_handle_wakes_the_other<S: Store>(
     })
 }
 
+/// A tick's promotion on one handle wakes a waiter on the other, as a publish does: the
+/// consumers of a delayed message may be parked on another node than the one whose
+/// scheduler promoted it.
+pub fn a_promotion_on_one_handle_wakes_the_other<S: Store>(
+    a: Arc<S>,
+    b: Arc<S>,
+) -> super::CaseFuture {
+    Box::pin(async move {
+        let m = publish(
+            &*a,
+            redrive_core::NewMessage {
+                deliver_at: Some(at(5_000)),
+                ..msg(Q, json!("later"))
+            },
+            at(0),
+        )
+        .await;
+        assert_eq!(m.state, State::Scheduled);
+        let mut ready = b.notifier().ready();
+        let t = a.tick(Some(at(5_000))).await.expect("tick on a");
+        assert_eq!(t.ready_queues, vec![Q.to_owned()], "a promoted it");
+        let notice = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match ready.recv().await {
+                    Ok(n) if n.queue == Q => return n,
+                    Ok(_) => continue,
+                    Err(e) => panic!("notifier closed: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("b was told within 5 s that a's tick made a message ready");
+        assert!(notice.count >= 1);
+    })
+}
+
 /// Nodes beating on both handles at once, at the store's own clock (`now: None`), many
 /// rounds: every beat of a round answers the same leader, there is one leader at a time
 /// (the epoch never changes while it keeps beating), and when it leaves another takes
@@ -355,6 +391,10 @@ pub fn cases<S: Store>() -> Vec<(&'static str, SharedCase<S>)> {
             a_publish_on_one_handle_wakes_the_other::<S>,
         ),
         (
+            "a_promotion_on_one_handle_wakes_the_other",
+            a_promotion_on_one_handle_wakes_the_other::<S>,
+        ),
+        (
             "heartbeats_on_both_handles_elect_one_leader",
             heartbeats_on_both_handles_elect_one_leader::<S>,
         ),
@@ -400,6 +440,7 @@ macro_rules! conformance_shared_tests {
                 concurrent_ticks_act_on_each_message_once,
                 a_lease_from_one_handle_settles_on_the_other,
                 a_publish_on_one_handle_wakes_the_other,
+                a_promotion_on_one_handle_wakes_the_other,
                 heartbeats_on_both_handles_elect_one_leader,
                 a_cluster_view_is_one_moment,
                 a_session_from_one_handle_is_known_and_ended_on_the_other,
