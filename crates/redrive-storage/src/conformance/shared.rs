@@ -145,6 +145,23 @@ pub fn a_lease_from_one_handle_settles_on_the_other<S: Store>(
     })
 }
 
+/// Wait (at most 5 s: a hint, normally milliseconds) until `ready` names [`Q`] with at
+/// least one message; `what` says what it should have been told.
+async fn told_ready(ready: &mut tokio::sync::broadcast::Receiver<crate::ReadyNotice>, what: &str) {
+    let notice = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match ready.recv().await {
+                Ok(n) if n.queue == Q => return n,
+                Ok(_) => continue,
+                Err(e) => panic!("notifier closed: {e}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("b was told within 5 s that {what}"));
+    assert!(notice.count >= 1);
+}
+
 /// A publish on one handle wakes a waiter on the other through the notifier (a hint:
 /// allowed a few seconds, normally milliseconds).
 pub fn a_publish_on_one_handle_wakes_the_other<S: Store>(
@@ -154,18 +171,7 @@ pub fn a_publish_on_one_handle_wakes_the_other<S: Store>(
     Box::pin(async move {
         let mut ready = b.notifier().ready();
         publish(&*a, msg(Q, json!("wake")), at(0)).await;
-        let notice = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match ready.recv().await {
-                    Ok(n) if n.queue == Q => return n,
-                    Ok(_) => continue,
-                    Err(e) => panic!("notifier closed: {e}"),
-                }
-            }
-        })
-        .await
-        .expect("b was told within 5 s that a made a message ready");
-        assert!(notice.count >= 1);
+        told_ready(&mut ready, "a made a message ready").await;
     })
 }
 
@@ -190,18 +196,7 @@ pub fn a_promotion_on_one_handle_wakes_the_other<S: Store>(
         let mut ready = b.notifier().ready();
         let t = a.tick(Some(at(5_000))).await.expect("tick on a");
         assert_eq!(t.ready_queues, vec![Q.to_owned()], "a promoted it");
-        let notice = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match ready.recv().await {
-                    Ok(n) if n.queue == Q => return n,
-                    Ok(_) => continue,
-                    Err(e) => panic!("notifier closed: {e}"),
-                }
-            }
-        })
-        .await
-        .expect("b was told within 5 s that a's tick made a message ready");
-        assert!(notice.count >= 1);
+        told_ready(&mut ready, "a's tick made a message ready").await;
     })
 }
 
