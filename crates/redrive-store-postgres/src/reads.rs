@@ -5,7 +5,7 @@
 use crate::error::E;
 use crate::row::{columns, history_column, Row};
 use crate::sql::{query, query_opt};
-use crate::transitions::{next_lease_expiry, scheduled_queues};
+use crate::transitions::{earliest_wake, next_lease_expiry, scheduled_queues};
 use deadpool_postgres::GenericClient;
 use redrive_core::{fingerprint, LastError, Message, MessageId, State, Timestamp};
 use redrive_storage::filter_text::{like_pattern, prefix_end};
@@ -14,11 +14,8 @@ use tokio_postgres::types::ToSql;
 
 /// The earliest scheduled due time or lease expiry, ms.
 pub async fn next_wake<C: GenericClient>(c: &C) -> Result<Option<i64>, E> {
-    let due = scheduled_queues(c).await?.into_iter().map(|(_, d)| d).min();
-    Ok(match (due, next_lease_expiry(c).await?) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    })
+    let (scheduled, lease_expiry) = tokio::join!(scheduled_queues(c), next_lease_expiry(c));
+    Ok(earliest_wake(&scheduled?, lease_expiry?))
 }
 
 /// One message with its history.

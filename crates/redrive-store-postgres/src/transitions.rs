@@ -674,6 +674,13 @@ pub async fn scheduled_queues<C: deadpool_postgres::GenericClient>(
     Ok(out)
 }
 
+/// The next wake-up: the earliest due time of `scheduled` (as [`scheduled_queues`] reads
+/// it) or `lease_expiry` (as [`next_lease_expiry`] reads it), whichever comes first.
+pub fn earliest_wake(scheduled: &[(String, i64)], lease_expiry: Option<i64>) -> Option<i64> {
+    let due = scheduled.iter().map(|(_, d)| *d).min();
+    [due, lease_expiry].into_iter().flatten().min()
+}
+
 /// The earliest lease expiry, ms (one seek on `ix_leased`).
 pub async fn next_lease_expiry<C: deadpool_postgres::GenericClient>(
     c: &C,
@@ -816,8 +823,7 @@ pub async fn tick(
     let next = if more {
         Some(t)
     } else {
-        let earliest = scheduled.iter().map(|(_, d)| *d).min();
-        [earliest, lease_expiry?].into_iter().flatten().min()
+        earliest_wake(&scheduled, lease_expiry?)
     };
     cx.wake = None;
     cx.exact_wake = Some(next);
