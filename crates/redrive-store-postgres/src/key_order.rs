@@ -194,7 +194,7 @@ pub async fn reconcile(
         tx.commit().await?;
         return Ok(());
     }
-    let queues = query(&tx, "SELECT DISTINCT queue FROM messages", &[]).await?;
+    let queues = query(&tx, "SELECT DISTINCT mi_queue FROM message_ids", &[]).await?;
     for r in &queues {
         let queue: String = r.try_get(0)?;
         let mode = now.get(&queue);

@@ -25,13 +25,16 @@
 //!
 //! # Shape
 //!
-//! `messages` (identity, content, lifecycle), `history` (appended entries), `idempotency`
+//! `messages` (identity, content, lifecycle), `message_ids` (each message's id and queue,
+//! written once: the indexes every row needs whatever its state), `history` (appended entries), `idempotency`
 //! (keys outliving their purged messages), `key_heads` (per-key ordering's lock point),
 //! `tasks`, `audit`, `sessions` (the console's), `nodes` and `leader` (the cluster's), `meta`
 //! and `schema_migrations`; the ready set, the scheduled set and
 //! the leased set are partial indexes of `messages`, so a claim, a promotion and the reaper
 //! are each an index range scan over only the rows they can take. `schema.rs` says why this
-//! shape and not another.
+//! shape and not another. The dead entries every transition leaves in those indexes are
+//! vacuumed by the store itself when autovacuum lags behind (`vacuum.rs`): a claim would
+//! otherwise walk all of them at the head of the ready set.
 //!
 //! # How a transition runs
 //!
@@ -120,6 +123,7 @@ mod sessions;
 mod sql;
 mod sql_publish;
 mod transitions;
+mod vacuum;
 
 pub use schema::{valid_schema_name, SCHEMA_VERSION};
 pub use sql_publish::SqlPublishLimits;
@@ -385,6 +389,8 @@ pub struct PostgresStore {
     listener: tokio::task::JoinHandle<()>,
     /// The health probe (`probe`), stopped by `close`.
     prober: tokio::task::JoinHandle<()>,
+    /// The hot tables' vacuum when autovacuum lags (`vacuum::keep_clean`), stopped by `close`.
+    vacuumer: tokio::task::JoinHandle<()>,
     synchronous_commit_off: bool,
     schema: String,
 }
@@ -610,6 +616,7 @@ impl PostgresStore {
             claims: redrive_storage::claims::Claims::default(),
         });
         let prober = tokio::spawn(probe(inner.clone()));
+        let vacuumer = tokio::spawn(vacuum::keep_clean(inner.clone(), opts.schema.clone()));
         let (listening_tx, mut listening) = watch::channel(false);
         let listener = if opts.notify {
             tokio::spawn(notify::listen(listen_cfg, inner.clone(), listening_tx))
@@ -634,6 +641,7 @@ impl PostgresStore {
             closed: AtomicBool::new(false),
             listener,
             prober,
+            vacuumer,
             synchronous_commit_off,
             schema: opts.schema,
         })
@@ -1195,6 +1203,7 @@ impl Store for PostgresStore {
         self.closed.store(true, Ordering::SeqCst);
         self.listener.abort();
         self.prober.abort();
+        self.vacuumer.abort();
         if let Some(b) = &self.batcher {
             b.close().await;
         }

@@ -3,7 +3,7 @@
 //! transaction of ours (each statement sees what was committed when it started).
 
 use crate::error::E;
-use crate::row::{columns, history_column, Row};
+use crate::row::{columns, history_column, where_id, Row};
 use crate::sql::{query, query_opt};
 use crate::transitions::{earliest_wake, next_lease_expiry, scheduled_queues};
 use deadpool_postgres::GenericClient;
@@ -25,7 +25,8 @@ pub async fn get<C: GenericClient>(c: &C, id: &MessageId) -> Result<Option<Messa
         columns!(),
         ", ",
         history_column!(),
-        " FROM messages WHERE id = $1"
+        " FROM messages",
+        where_id!()
     );
     match query_opt(c, sql, &[&id.to_string()]).await? {
         Some(r) => Ok(Some(crate::row::message_from_pg(&r)?)),
@@ -86,7 +87,9 @@ fn conditions(filter: &MessageFilter, args: &mut Args) -> Vec<String> {
     };
     if let Some(q) = &filter.queue {
         let p = arg(args, Box::new(q.clone()));
-        clauses.push(format!("queue = {p}"));
+        // `mi_queue` for the queue's index of `message_ids` ([`source`]), `queue` so that
+        // the planner may start from a partial index of a state instead.
+        clauses.push(format!("mi_queue = {p} AND queue = {p}"));
     }
     // A literal, so the planner can use the partial index of that state.
     if let Some(s) = filter.state {
@@ -122,6 +125,19 @@ fn conditions(filter: &MessageFilter, args: &mut Args) -> Vec<String> {
     clauses
 }
 
+/// Where a read of the messages matching `filter` starts, and the column it is ordered
+/// and paged by: with a queue, that queue's entries of `message_ids` (its index on
+/// `(mi_queue, mi_seq)`, newest first) joined to their rows, since `messages` has no index
+/// of its own by queue (schema v10); else `messages` alone (its primary key, or a partial
+/// index of a state).
+fn source(filter: &MessageFilter) -> (&'static str, &'static str) {
+    if filter.queue.is_some() {
+        ("message_ids JOIN messages ON seq = mi_seq", "mi_seq")
+    } else {
+        ("messages", "seq")
+    }
+}
+
 fn params(args: &Args) -> Vec<&(dyn ToSql + Sync)> {
     args.iter().map(|a| &**a as &(dyn ToSql + Sync)).collect()
 }
@@ -154,8 +170,9 @@ pub async fn count<C: GenericClient>(c: &C, filter: &MessageFilter) -> Result<u6
             format!("WHERE {}", all.join(" AND "))
         }
     };
+    let (from, order) = source(filter);
     let Some(fp) = &filter.fingerprint else {
-        let sql = format!("SELECT count(*) FROM messages {}", where_(None));
+        let sql = format!("SELECT count(*) FROM {from} {}", where_(None));
         let r = query(c, &sql, &params(&args)).await?;
         let n: i64 = r.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);
         return Ok(n.max(0) as u64);
@@ -170,9 +187,9 @@ pub async fn count<C: GenericClient>(c: &C, filter: &MessageFilter) -> Result<u6
         a.push(Box::new(FINGERPRINT_CHUNK));
         let pl = a.len();
         let mut all = clauses_here;
-        all.push(format!("seq < ${pb}"));
+        all.push(format!("{order} < ${pb}"));
         let sql = format!(
-            "SELECT seq, last_error, dead_reason FROM messages WHERE {} ORDER BY seq DESC LIMIT ${pl}",
+            "SELECT seq, last_error, dead_reason FROM {from} WHERE {} ORDER BY {order} DESC LIMIT ${pl}",
             all.join(" AND ")
         );
         let rows = query(c, &sql, &params(&a)).await?;
@@ -209,19 +226,22 @@ pub async fn search<C: GenericClient>(
         limit as i64 + 1
     };
     let mut rows: Vec<Row> = Vec::new();
+    let (from, order) = source(filter);
     'read: loop {
         let mut args: Args = Vec::new();
         let mut clauses = conditions(filter, &mut args);
         args.push(Box::new(before));
-        clauses.push(format!("seq < ${}", args.len()));
+        clauses.push(format!("{order} < ${}", args.len()));
         args.push(Box::new(chunk));
         let sql = format!(
             concat!(
                 "SELECT ",
                 columns!(),
-                " FROM messages WHERE {} ORDER BY seq DESC LIMIT ${}"
+                " FROM {} WHERE {} ORDER BY {} DESC LIMIT ${}"
             ),
+            from,
             clauses.join(" AND "),
+            order,
             args.len()
         );
         let got = query(c, &sql, &params(&args)).await?;

@@ -19,6 +19,23 @@ macro_rules! columns {
 }
 pub(crate) use columns;
 
+/// The `WHERE` of a read of `messages` by the id `$1`: through `message_ids`, which holds
+/// the ids' index (schema v10).
+macro_rules! where_id {
+    () => {
+        " WHERE seq = (SELECT mi_seq FROM message_ids WHERE mi_id = $1)"
+    };
+}
+pub(crate) use where_id;
+
+/// The `WHERE` of a read of `messages` by the ids `$1` (a `text[]`), as [`where_id!`].
+macro_rules! where_ids {
+    () => {
+        " WHERE seq = ANY(ARRAY(SELECT mi_seq FROM message_ids WHERE mi_id = ANY($1)))"
+    };
+}
+pub(crate) use where_ids;
+
 /// The history of the message `m.seq` as one JSON array, oldest first: appended to
 /// [`columns!`] (as column [`HISTORY_COLUMN`]) by a read that wants the whole message.
 macro_rules! history_column {

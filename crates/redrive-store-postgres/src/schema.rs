@@ -13,6 +13,13 @@
 //!   measures, and costs no `jsonb` parse on the write path but one for the idempotency
 //!   fingerprint of a publish that has a key: the MD5 of its `jsonb` rendering, computed
 //!   by the database, so that the SQL function `publish(…)` computes the same).
+//! - `message_ids` (seq → id, queue; schema v10) is written once per message and holds the
+//!   two indexes that every row needs whatever its state: `id`'s uniqueness (the lookups of
+//!   ack, nack and the API) and the queue's index (the searches of one queue, newest
+//!   first). A transition writes a new version of the `messages` row, which enters *every*
+//!   index of `messages` (a state change is never a HOT update: the partial indexes'
+//!   predicates change), so on `messages` those two took an entry per transition. Moved, a
+//!   retry cycle's own database work is about a quarter less (`scripts/pg_shape_model.sh`).
 //! - The history is *appended* as rows of `history` (message seq, n, entry `jsonb`), never
 //!   a JSON array rewritten on every attempt: a failed attempt writes one small row, and
 //!   the `messages` row does not grow with its history (a wide row would make every
@@ -105,7 +112,14 @@ use redrive_storage::StoreError;
 ///   (`sql_publish.rs`).
 /// - 9: the SQL function `publish(…)` again, refusing payloads the server cannot read back
 ///   (a number of 1e308 or more, more than 127 nested arrays or objects).
-pub const SCHEMA_VERSION: i32 = 9;
+/// - 10: `message_ids` (seq → id, queue), written once per message, holds what `messages`'
+///   two full indexes held (`id`'s uniqueness and `ix_queue`): every transition is a new
+///   version of the `messages` row and entered every index of it, so those two indexes took
+///   an entry per transition. A retry cycle's own database work is a quarter less
+///   (`scripts/pg_shape_model.sh`, docs/PERFORMANCE.md). Lookups by id and the searches of
+///   one queue go through it.
+/// - 11: the SQL function `publish(…)` again, writing the new message's `message_ids` row.
+pub const SCHEMA_VERSION: i32 = 11;
 
 /// The steps: `(version, SQL)`, applied in order, each in its own transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -118,7 +132,25 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (7, crate::cluster::V7),
     (8, crate::sql_publish::V8),
     (9, crate::sql_publish::V9),
+    (10, V10),
+    (11, crate::sql_publish::V11),
 ];
+
+/// Step 10 (see [`SCHEMA_VERSION`]). The columns are named apart from `messages`' (`mi_`),
+/// so a join of the two leaves every column of `messages` unqualified.
+const V10: &str = r#"
+CREATE TABLE message_ids (
+  mi_seq   bigint PRIMARY KEY,
+  mi_id    text COLLATE "C" NOT NULL UNIQUE,
+  mi_queue text COLLATE "C" NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+        autovacuum_analyze_scale_factor = 0.02);
+INSERT INTO message_ids (mi_seq, mi_id, mi_queue) SELECT seq, id, queue FROM messages;
+CREATE INDEX ix_message_ids_queue ON message_ids (mi_queue, mi_seq);
+DROP INDEX ix_queue;
+ALTER TABLE messages DROP CONSTRAINT messages_id_key;
+ANALYZE message_ids;
+"#;
 
 const V4: &str = "ALTER TABLE history DROP CONSTRAINT IF EXISTS history_message_seq_fkey;";
 

@@ -207,6 +207,7 @@ BEGIN
     VALUES (new_id, publish.queue, st, publish.priority, due, publish.key, publish.idempotency_key,
             body, hdrs, now_ms, now_ms, blocked)
     RETURNING seq INTO new_seq;
+  INSERT INTO message_ids (mi_seq, mi_id, mi_queue) VALUES (new_seq, new_id, publish.queue);
 
   IF blocked THEN
     -- key_order::settle for a new message: lock the key, wait for a claim of its head in
@@ -257,3 +258,7 @@ pub const V8: &str = publish_function!("CREATE OR REPLACE");
 /// back and jsonb accepts (a number of 1e308 or more, as `[1e400]`; more than 127 nested
 /// arrays or objects). Step 8 stored them, and every lease that met such a message failed.
 pub const V9: &str = publish_function!("CREATE OR REPLACE");
+
+/// Schema step 11: the function again, writing the new message's `message_ids` row (step
+/// 10 moved `id`'s uniqueness and the queue's index there).
+pub const V11: &str = publish_function!("CREATE OR REPLACE");

@@ -12,7 +12,7 @@
 
 use crate::error::E;
 use crate::key_order;
-use crate::row::{self, columns, delay_ms, history_column, int, ms, Row};
+use crate::row::{self, columns, delay_ms, history_column, int, ms, where_id, where_ids, Row};
 use crate::sql::{execute, query, query_one, query_opt, resolve_now};
 use crate::sql_publish;
 use crate::{Ctx, Inner};
@@ -75,7 +75,9 @@ const ASYNC_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 const ROW_FOR_UPDATE: &str = concat!(
     "SELECT ",
     columns!(),
-    " FROM messages WHERE id = $1 FOR UPDATE"
+    " FROM messages",
+    where_id!(),
+    " FOR UPDATE"
 );
 const FULL_MESSAGE: &str = concat!(
     "SELECT ",
@@ -609,11 +611,13 @@ pub async fn delete(
 ) -> Result<Message, E> {
     let row = locked_row(tx, id).await?;
     let message = full_message(tx, row.seq).await?;
-    execute(tx, "DELETE FROM messages WHERE seq = $1", &[&row.seq]).await?;
-    // No foreign key deletes it (schema v4).
+    // The row, its `message_ids` row and its history (no foreign key deletes it, schema v4)
+    // in one statement, as the purge does.
     execute(
         tx,
-        "DELETE FROM history WHERE message_seq = $1",
+        "WITH its_ids AS (DELETE FROM message_ids WHERE mi_seq = $1), \
+         its_history AS (DELETE FROM history WHERE message_seq = $1) \
+         DELETE FROM messages WHERE seq = $1",
         &[&row.seq],
     )
     .await?;
@@ -855,7 +859,8 @@ pub async fn purge(
            ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
          RETURNING seq, queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
          priority, msg_key, headers), \
-         their_history AS (DELETE FROM history WHERE message_seq IN (SELECT seq FROM gone)) \
+         their_history AS (DELETE FROM history WHERE message_seq IN (SELECT seq FROM gone)), \
+         their_ids AS (DELETE FROM message_ids WHERE mi_seq IN (SELECT seq FROM gone)) \
          SELECT queue, idempotency_key, id, created_at, updated_at, finished_at, attempts, \
          priority, msg_key, headers FROM gone",
         &[&cutoff, &PURGE_LIMIT],
@@ -1029,7 +1034,9 @@ async fn locked_rows(
     let sql = concat!(
         "SELECT ",
         columns!(),
-        " FROM messages WHERE id = ANY($1) ORDER BY seq FOR UPDATE"
+        " FROM messages",
+        where_ids!(),
+        " ORDER BY seq FOR UPDATE"
     );
     let rows = query(tx, sql, &[&ids]).await?;
     let mut out = std::collections::HashMap::with_capacity(rows.len());
@@ -1350,7 +1357,7 @@ async fn publish_many(
         .collect();
     let mut existing: std::collections::HashMap<String, Message> = std::collections::HashMap::new();
     if !replayed.is_empty() {
-        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ANY($1)");
+        let sql = concat!("SELECT ", columns!(), " FROM messages", where_ids!());
         for r in &query(tx, sql, &[&replayed]).await? {
             let row = row::from_pg(r)?;
             existing.insert(row.id.clone(), row.to_message(None, None)?);
@@ -1480,7 +1487,7 @@ async fn insert_rows(tx: &Transaction<'_>, rows: &mut [NewRow]) -> Result<(), E>
     let target: Vec<Option<&str>> = rows.iter().map(|n| n.row.target_url.as_deref()).collect();
     let got = query(
         tx,
-        "INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
+        "WITH m AS (INSERT INTO messages (id, queue, state, priority, due_at, msg_key, idempotency_key, \
          payload, headers, attempts, uncounted, prev_delay_ms, created_at, updated_at, \
          finished_at, dead_reason, error_class, last_error, key_blocked, target_url) \
          SELECT v.id, v.queue, v.state, v.priority, v.due_at, v.msg_key, v.ikey, v.payload, \
@@ -1492,7 +1499,9 @@ async fn insert_rows(tx: &Transaction<'_>, rows: &mut [NewRow]) -> Result<(), E>
                      $17::text[], $18::boolean[], $19::text[]) WITH ORDINALITY \
            AS v(id, queue, state, priority, due_at, msg_key, ikey, payload, headers, attempts, \
                 uncounted, prev, created, finished, dead, class, last_error, blocked, target, ord) \
-         ORDER BY v.ord RETURNING id, seq",
+         ORDER BY v.ord RETURNING id, seq, queue), \
+         ids AS (INSERT INTO message_ids (mi_seq, mi_id, mi_queue) SELECT seq, id, queue FROM m) \
+         SELECT id, seq FROM m",
         &[
             &id,
             &queue,

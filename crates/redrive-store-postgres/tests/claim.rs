@@ -117,16 +117,7 @@ async fn throughput() {
                     return n;
                 }
                 n += got.len();
-                let acks = got
-                    .into_iter()
-                    .map(|l| {
-                        LeaseRef {
-                            id: l.message.id,
-                            token: l.token,
-                        }
-                        .into()
-                    })
-                    .collect();
+                let acks = common::acks(got);
                 for r in s.ack(acks, Some(at(2))).await.expect("ack") {
                     r.expect("ack");
                 }

@@ -13,6 +13,95 @@ use serde_json::json;
 
 const PREFIX: &str = "redrive_t_open";
 
+/// What schema step 10 did, undone: a schema of before it has no `message_ids`, and
+/// `messages` has its own index by queue and its `id` unique.
+const UNDO_V10: &str = "DROP TABLE message_ids; CREATE INDEX ix_queue ON messages (queue, seq); \
+     ALTER TABLE messages ADD CONSTRAINT messages_id_key UNIQUE (id);";
+
+/// A version 9 schema with messages in it: step 10 copies their ids and queues into
+/// `message_ids`, so each is found again by id and by its queue, leased and acked, and
+/// both publish paths (the store's and the SQL function's) add to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_9_schema_keeps_its_messages_findable() {
+    let guard = common::fresh_schema(PREFIX);
+    let opts = common::options(&guard.0, &Setup::default());
+    let store = PostgresStore::open(opts.clone()).await.expect("open");
+    let before = store
+        .publish(
+            (0..3).map(|i| NewMessage::new(Q, json!(i))).collect(),
+            Some(Timestamp::from_millis(1)),
+        )
+        .await
+        .expect("publish");
+    store.close().await;
+    common::run_blocking(format!(
+        "SET search_path TO {s}; {UNDO_V10} DELETE FROM schema_migrations WHERE version >= 10;",
+        s = guard.0
+    ));
+    let store = PostgresStore::open(opts).await.expect("a v9 schema opens");
+    for p in &before {
+        let m = store
+            .get(p.message.id)
+            .await
+            .expect("get")
+            .expect("found by id");
+        assert_eq!(m.payload, p.message.payload);
+    }
+    let by_queue = || redrive_storage::MessageFilter {
+        queue: Some(Q.into()),
+        ..Default::default()
+    };
+    let found = store.search(by_queue(), 10, None).await.expect("search");
+    assert_eq!(found.messages.len(), 3, "the queue's messages, by queue");
+    let leased = store
+        .lease(
+            LeaseRequest {
+                queue: Q.into(),
+                max: 1,
+                lease_ms: 60_000,
+                max_bytes: None,
+            },
+            Some(Timestamp::from_millis(2)),
+        )
+        .await
+        .expect("lease");
+    assert_eq!(leased[0].message.id, before[0].message.id);
+    let acks = vec![redrive_storage::LeaseRef {
+        id: leased[0].message.id,
+        token: leased[0].token.clone(),
+    }
+    .into()];
+    for r in store
+        .ack(acks, Some(Timestamp::from_millis(3)))
+        .await
+        .expect("ack")
+    {
+        r.expect("an ack of a message from before the migration");
+    }
+    store
+        .publish(
+            vec![NewMessage::new(Q, json!(3))],
+            Some(Timestamp::from_millis(4)),
+        )
+        .await
+        .expect("publish after");
+    let client = common::connect().await;
+    let id: String = client
+        .query_one(
+            &format!("SELECT {}.publish($1, '{{\"n\": 4}}'::jsonb)", guard.0),
+            &[&Q],
+        )
+        .await
+        .expect("the SQL function after the migration")
+        .get(0);
+    let id: redrive_core::MessageId = id.parse().expect("an id");
+    assert!(store.get(id).await.expect("get").is_some(), "found by id");
+    let found = store.search(by_queue(), 10, None).await.expect("search");
+    assert_eq!(found.messages.len(), 5);
+    assert_eq!(store.count(by_queue()).await.expect("count"), 5);
+    store.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opening_twice_and_at_once_migrates_once() {
     let guard = common::fresh_schema(PREFIX);
@@ -97,7 +186,7 @@ async fn a_version_5_schema_is_migrated_audit_entries_keep_no_node() {
         .await;
     // Back to version 5: without what versions 6 and 7 added, one audit entry written then.
     common::run_blocking(format!(
-        "SET search_path TO {s}; DROP TABLE sessions; ALTER TABLE audit DROP COLUMN node; \
+        "SET search_path TO {s}; {UNDO_V10} DROP TABLE sessions; ALTER TABLE audit DROP COLUMN node; \
          DROP TABLE endpoint_trips; DELETE FROM schema_migrations WHERE version >= 6; \
          INSERT INTO audit (at, actor, action, target, filter, count, detail) \
          VALUES (1, 'ops', 'message.kill', 'm1', NULL, 1, NULL);",
@@ -159,7 +248,7 @@ async fn a_version_6_schema_is_migrated_and_records_endpoint_trips() {
         .expect("beat");
     store.close().await;
     common::run_blocking(format!(
-        "SET search_path TO {s}; DROP TABLE endpoint_trips; \
+        "SET search_path TO {s}; {UNDO_V10} DROP TABLE endpoint_trips; \
          DELETE FROM schema_migrations WHERE version >= 7;",
         s = guard.0
     ));

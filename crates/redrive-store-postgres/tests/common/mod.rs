@@ -106,3 +106,16 @@ pub async fn open(prefix: &str, setup: Setup) -> (PostgresStore, SchemaGuard) {
         .expect("open the PostgreSQL store");
     (store, guard)
 }
+
+/// The acks of the leases `got`, each by its message's id and its token.
+pub fn acks(got: Vec<redrive_storage::Leased>) -> Vec<redrive_storage::Ack> {
+    got.into_iter()
+        .map(|l| {
+            redrive_storage::LeaseRef {
+                id: l.message.id,
+                token: l.token,
+            }
+            .into()
+        })
+        .collect()
+}
