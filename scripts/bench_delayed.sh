@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Delayed delivery lateness at a steady due rate, redrive on its embedded store and on
-# PostgreSQL (a fresh schema per run), interleaved rounds: `redrive-bench --workload delayed`
+# PostgreSQL (a fresh schema per run), and RabbitMQ's TTL queues as the peer (`rabbitmq`:
+# the same due times, short and long delays in two TTL queues each published in due order,
+# dead-lettered into a work queue; see crates/redrive-bench/src/delayed_ttl.rs), interleaved
+# rounds: `redrive-bench --workload delayed`
 # publishes MESSAGES messages due over SPREAD (plus a 10 % tail of long delays), all before the
 # first is due, and consumers long-poll and ack; lateness = received − due, first deliveries.
 #
 #   scripts/bench_delayed.sh                          # 1,000 due/s: 10,000 over 10 s, 3 rounds
 #   MESSAGES=20000 SPREAD=10s scripts/bench_delayed.sh
 #
-# SYSTEMS  default "redrive redrive-pg"; PG_URL default postgres://root@127.0.0.1:5432/test;
+# SYSTEMS  default "redrive redrive-pg rabbitmq"; AMQP_URL default amqp://guest:guest@127.0.0.1:5672/%2f; PG_URL default postgres://root@127.0.0.1:5432/test;
 # CONNECTIONS (default 8, PUBLISHERS of them publish, default 2); ROUNDS default 3; PORT 7079.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MESSAGES=${MESSAGES:-10000}
 SPREAD=${SPREAD:-10s}
-SYSTEMS=${SYSTEMS:-"redrive redrive-pg"}
+SYSTEMS=${SYSTEMS:-"redrive redrive-pg rabbitmq"}
+AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 PG_URL=${PG_URL:-postgres://root@127.0.0.1:5432/test}
 CONNECTIONS=${CONNECTIONS:-8}
 PUBLISHERS=${PUBLISHERS:-2}
@@ -23,7 +27,7 @@ PORT=${PORT:-7079}
 
 # shellcheck source=bench_server.sh
 source scripts/bench_server.sh
-pg() { psql "$PG_URL" -XAtqc "$1"; }
+pg() { PGOPTIONS="--client-min-messages=warning" psql "$PG_URL" -XAtqc "$1"; }
 
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -34,15 +38,18 @@ for round in $(seq 1 "$ROUNDS"); do
   for system in $SYSTEMS; do
     out="$WORK/$system-$round.json"
     schema="redrive_bench_delayed_$round"
-    if [ "$system" = redrive-pg ]; then
+    peer=()
+    if [ "$system" = rabbitmq ]; then
+      peer=(--ttl-queue --amqp "$AMQP_URL")
+    elif [ "$system" = redrive-pg ]; then
       pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
       start "$WORK/data-unused" "$PG_URL" "$schema"
     else
       start "$WORK/data-$round"
     fi
     "$BENCH" --server "$SERVER" --workload delayed --messages "$MESSAGES" --spread "$SPREAD" \
-      --connections "$CONNECTIONS" --publishers "$PUBLISHERS" --json >"$out" 2>"$out.err" || true
-    stop
+      --connections "$CONNECTIONS" --publishers "$PUBLISHERS" "${peer[@]}" --json >"$out" 2>"$out.err" || true
+    if [ "$system" != rabbitmq ]; then stop; fi
     if [ "$system" = redrive-pg ]; then pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null; fi
     rm -rf "$WORK/data-$round"
     if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then

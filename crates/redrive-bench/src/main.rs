@@ -33,6 +33,7 @@
 mod consumer;
 mod cycle;
 mod delayed;
+mod delayed_ttl;
 mod ladder;
 mod mysql;
 mod pg;
@@ -171,6 +172,10 @@ pub struct BenchArgs {
     /// UPDATE SKIP LOCKED` job table, e.g. mysql://root@127.0.0.1:3306/test (see below).
     #[arg(long, value_name = "URL", value_parser = mysql::parse_url, conflicts_with = "pg")]
     pub mysql: Option<String>,
+    /// delayed against RabbitMQ (--amqp) instead of the server: the same due times through
+    /// TTL queues dead-lettering into a work queue (see below).
+    #[arg(long, conflicts_with_all = ["pg", "mysql"])]
+    pub ttl_queue: bool,
     /// storm: messages per second into each of the two queues.
     #[arg(long, default_value_t = 200.0, value_parser = parse_positive)]
     pub storm_rate: f64,
@@ -189,7 +194,7 @@ pub struct BenchArgs {
     /// storm: how long messages arrive (from the start).
     #[arg(long, default_value = "300s", value_name = "DURATION")]
     pub storm_arrivals: DurationMs,
-    /// ladder: the RabbitMQ the server's bridges use.
+    /// ladder: the RabbitMQ the server's bridges use; delayed --ttl-queue: the RabbitMQ measured.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     pub amqp: String,
     /// push: where the bench's endpoint listens (the server pushes queue bench-push there).
@@ -227,7 +232,11 @@ Workloads (each stops by itself; run against a server started separately):
   delayed        publish with deliver_at = start + --lead + delay, delays spread over
                  --spread (plus --long-fraction of
                  long ones, to expose head-of-line blocking); consumers long-poll (wait 5s)
-                 and ack; lateness (receive − due) p50/p90/p99/max, short vs long
+                 and ack; lateness (receive − due) p50/p90/p99/max, short vs long.
+                 With --ttl-queue the same due times go through RabbitMQ at --amqp
+                 instead: short and long delays in two TTL queues, each published in due
+                 order with a per-message expiration (RabbitMQ expires only at a queue's
+                 head, so this is its best case), dead-lettered into one work queue.
   scheduled      publish --messages (default 1,000,000) due --ahead (default 1d) in
                  batches; publish rate. RSS, disk and restart time are for a script
                  to measure afterwards.
@@ -539,6 +548,23 @@ async fn run_async(server: &Url, token: Option<&str>, args: BenchArgs) -> anyhow
     }
     if let Some(url) = args.mysql.clone() {
         return mysql::run(ctx, &args, &url).await;
+    }
+    if args.ttl_queue {
+        if args.workload != Workload::Delayed {
+            return Err(usage(format!(
+                "--ttl-queue runs delayed only, not {}",
+                args.workload.name()
+            )));
+        }
+        let messages = args
+            .messages
+            .or(args.workload.default_messages())
+            .unwrap_or(1);
+        let mut report = Report::new();
+        report.text("workload", "workload", args.workload.name());
+        report.count("connections", "connections", connections as u64);
+        delayed_ttl::run(ctx, &args, messages, &mut report).await?;
+        return print_report(report, args.json);
     }
 
     // Preflight: is the server there at all (exit 3 if not)?
