@@ -41,15 +41,80 @@ pub fn delay_of(seed: u64, n: u64, spread_ms: u64, long_fraction: f64) -> (u64, 
     }
 }
 
-/// What one consumer task saw.
+/// What one consumer task saw (of the server's deliveries, or of the RabbitMQ peer's:
+/// `delayed_ttl.rs`).
 #[derive(Debug, Default)]
-struct Seen {
+pub(super) struct Seen {
     short: Samples,
     long: Samples,
     received: u64,
     early: u64,
-    redelivered: u64,
-    stale: u64,
+    pub(super) redelivered: u64,
+    pub(super) stale: u64,
+}
+
+impl Seen {
+    /// A first delivery, `lateness_us` after its due time, of a short or a long delay.
+    pub(super) fn first(&mut self, lateness_us: i64, long: bool) {
+        if lateness_us < 0 {
+            self.early += 1;
+        }
+        if long {
+            self.long.push_us(lateness_us);
+        } else {
+            self.short.push_us(lateness_us);
+        }
+        self.received += 1;
+    }
+
+    /// Add what another consumer saw.
+    pub(super) fn merge(&mut self, s: Seen) {
+        self.short.merge(s.short);
+        self.long.merge(s.long);
+        self.received += s.received;
+        self.early += s.early;
+        self.redelivered += s.redelivered;
+        self.stale += s.stale;
+    }
+
+    /// Report what every consumer saw, `elapsed` from the first publish to the last
+    /// delivery; the run is incomplete unless `target` first deliveries arrived.
+    pub(super) fn report(
+        mut self,
+        report: &mut Report,
+        target: u64,
+        published: u64,
+        elapsed: Duration,
+    ) {
+        report.count("received", "received (first deliveries)", self.received);
+        report.secs(
+            "elapsed_s",
+            "elapsed (first publish → last delivery)",
+            elapsed.as_secs_f64(),
+        );
+        report.count("early", "delivered before due", self.early);
+        report.count("redelivered", "redeliveries", self.redelivered);
+        report.count("stale", "stale messages of other runs acked", self.stale);
+        let mut all = self.short.clone();
+        all.merge(self.long.clone());
+        report.summary("lateness", "lateness (all)", all.summary());
+        report.summary(
+            "lateness_short",
+            "lateness (short delays)",
+            self.short.summary(),
+        );
+        report.summary(
+            "lateness_long",
+            "lateness (long delays)",
+            self.long.summary(),
+        );
+        if self.received < target {
+            report.incomplete = Some(format!(
+                "stopped at the deadline: received {} of {target} ({published} published)",
+                self.received
+            ));
+        }
+    }
 }
 
 /// Run `delayed` for `target` messages.
@@ -113,25 +178,14 @@ pub async fn run(
     let consuming = async {
         let mut all = Seen::default();
         while let Some(r) = set.join_next().await {
-            let s = r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))?;
-            all.short.merge(s.short);
-            all.long.merge(s.long);
-            all.received += s.received;
-            all.early += s.early;
-            all.redelivered += s.redelivered;
-            all.stale += s.stale;
+            all.merge(r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))?);
         }
         anyhow::Ok(all)
     };
     let ((published, publish_time), seen) = tokio::join!(publishing, consuming);
     let published = published?;
-    let mut seen = seen?;
+    let seen = seen?;
     let end = ctx.progress.end();
-    let mut all = Samples::new();
-    all.merge(seen.short.clone());
-    all.merge(seen.long.clone());
-
-    report.publishing(target, published.messages, publish_time);
     report.text(
         "delays",
         "delays",
@@ -143,32 +197,13 @@ pub async fn run(
             spread = format_duration_ms(spread_ms)
         ),
     );
-    report.count("received", "received (first deliveries)", seen.received);
-    report.secs(
-        "elapsed_s",
-        "elapsed (first publish → last delivery)",
-        end.duration_since(start).as_secs_f64(),
+    report.publishing(target, published.messages, publish_time);
+    seen.report(
+        report,
+        target,
+        published.messages,
+        end.duration_since(start),
     );
-    report.count("early", "delivered before due", seen.early);
-    report.count("redelivered", "redeliveries", seen.redelivered);
-    report.count("stale", "stale messages of other runs acked", seen.stale);
-    report.summary("lateness", "lateness (all)", all.summary());
-    report.summary(
-        "lateness_short",
-        "lateness (short delays)",
-        seen.short.summary(),
-    );
-    report.summary(
-        "lateness_long",
-        "lateness (long delays)",
-        seen.long.summary(),
-    );
-    if seen.received < target {
-        report.incomplete = Some(format!(
-            "stopped at the deadline: received {} of {target} ({} published)",
-            seen.received, published.messages
-        ));
-    }
     Ok(())
 }
 
@@ -193,20 +228,12 @@ async fn consume(ctx: Arc<Ctx>, urls: Urls, target: u64, deadline: Instant) -> S
             let Some(due_ms) = m.payload_i64("due") else {
                 continue;
             };
-            let lateness = received_us - due_ms * 1_000;
-            if lateness < 0 {
-                seen.early += 1;
-            }
             let long = m
                 .payload
                 .get("long")
                 .and_then(serde_json::Value::as_bool)
                 .unwrap_or(false);
-            if long {
-                seen.long.push_us(lateness);
-            } else {
-                seen.short.push_us(lateness);
-            }
+            seen.first(received_us - due_ms * 1_000, long);
             firsts += 1;
         }
         let items: Vec<Item<'_>> = batch
@@ -218,7 +245,6 @@ async fn consume(ctx: Arc<Ctx>, urls: Urls, target: u64, deadline: Instant) -> S
             })
             .collect();
         consumer::settle(&ctx, &urls, &items, false).await;
-        seen.received += firsts;
         ctx.progress.finish(firsts, target);
     }
     seen

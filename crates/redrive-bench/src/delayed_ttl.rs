@@ -10,9 +10,8 @@
 //! lateness = receive time − due time, first deliveries only. Messages are persistent, the
 //! queues durable, and publishes confirmed (as the server's answer is).
 
-use super::delayed::delay_of;
+use super::delayed::{delay_of, Seen};
 use super::report::Report;
-use super::stats::Samples;
 use super::{now_us, BenchArgs, Ctx};
 use futures_util::StreamExt;
 use lapin::options::{
@@ -34,17 +33,6 @@ const READY: &str = "delayed-ttl.ready";
 const CONFIRM_WINDOW: usize = 16;
 /// Deliveries a consumer holds unacked (the server's lease batch).
 const PREFETCH: u16 = 100;
-
-/// What one consumer saw (as `delayed`'s).
-#[derive(Debug, Default)]
-struct Seen {
-    short: Samples,
-    long: Samples,
-    received: u64,
-    early: u64,
-    redelivered: u64,
-    stale: u64,
-}
 
 async fn declare(ch: &Channel) -> anyhow::Result<()> {
     let durable = QueueDeclareOptions {
@@ -159,16 +147,7 @@ async fn consume(
             continue;
         }
         let due_ms: i64 = due.parse().unwrap_or(0);
-        let lateness = received_us - due_ms * 1_000;
-        if lateness < 0 {
-            seen.early += 1;
-        }
-        if long == "true" {
-            seen.long.push_us(lateness);
-        } else {
-            seen.short.push_us(lateness);
-        }
-        seen.received += 1;
+        seen.first(received_us - due_ms * 1_000, long == "true");
         received.fetch_add(1, Ordering::Relaxed);
     }
     Ok(seen)
@@ -252,19 +231,13 @@ pub async fn run(
     let consuming = async {
         let mut all = Seen::default();
         while let Some(r) = set.join_next().await {
-            let s = r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))??;
-            all.short.merge(s.short);
-            all.long.merge(s.long);
-            all.received += s.received;
-            all.early += s.early;
-            all.redelivered += s.redelivered;
-            all.stale += s.stale;
+            all.merge(r.map_err(|e| anyhow::anyhow!("a consumer task failed: {e}"))??);
         }
         anyhow::Ok((all, Instant::now()))
     };
     let (published, seen) = tokio::join!(publishing, consuming);
     let (published, publish_time) = published?;
-    let (mut seen, end) = seen?;
+    let (seen, end) = seen?;
     let _ = conn.close(200, "bench done").await;
 
     report.text(
@@ -273,34 +246,6 @@ pub async fn run(
         "RabbitMQ TTL queues (short and long delays apart, each in due order)",
     );
     report.publishing(target, published, publish_time);
-    report.count("received", "received (first deliveries)", seen.received);
-    report.secs(
-        "elapsed_s",
-        "elapsed (first publish → last delivery)",
-        end.duration_since(start).as_secs_f64(),
-    );
-    report.count("early", "delivered before due", seen.early);
-    report.count("redelivered", "redeliveries", seen.redelivered);
-    report.count("stale", "stale messages of other runs acked", seen.stale);
-    let mut all = Samples::new();
-    all.merge(seen.short.clone());
-    all.merge(seen.long.clone());
-    report.summary("lateness", "lateness (all)", all.summary());
-    report.summary(
-        "lateness_short",
-        "lateness (short delays)",
-        seen.short.summary(),
-    );
-    report.summary(
-        "lateness_long",
-        "lateness (long delays)",
-        seen.long.summary(),
-    );
-    if seen.received < target {
-        report.incomplete = Some(format!(
-            "stopped at the deadline: received {} of {target} ({published} published)",
-            seen.received
-        ));
-    }
+    seen.report(report, target, published, end.duration_since(start));
     Ok(())
 }
