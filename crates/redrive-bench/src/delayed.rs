@@ -41,6 +41,17 @@ pub fn delay_of(seed: u64, n: u64, spread_ms: u64, long_fraction: f64) -> (u64, 
     }
 }
 
+/// When a run started at `start` gives up: `--timeout` after the last due time can come.
+pub(super) fn deadline_of(args: &BenchArgs, start: Instant) -> Instant {
+    start
+        + Duration::from_millis(
+            args.timeout
+                .ms()
+                .saturating_add(3 * args.spread.ms())
+                .saturating_add(args.lead.ms()),
+        )
+}
+
 /// What one consumer task saw (of the server's deliveries, or of the RabbitMQ peer's:
 /// `delayed_ttl.rs`).
 #[derive(Debug, Default)]
@@ -134,13 +145,7 @@ pub async fn run(
         .min(connections);
     let consumers = connections.saturating_sub(publishers).max(1);
     let start = Instant::now();
-    let deadline = start
-        + Duration::from_millis(
-            args.timeout
-                .ms()
-                .saturating_add(3 * spread_ms)
-                .saturating_add(args.lead.ms()),
-        );
+    let deadline = deadline_of(args, start);
     let lead_ms = args.lead.ms();
     let base = Timestamp::now().plus_ms(lead_ms);
     let item: ItemFn = Arc::new(move |ctx: &Ctx, n: u64| {

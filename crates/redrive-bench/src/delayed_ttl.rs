@@ -10,7 +10,7 @@
 //! lateness = receive time − due time, first deliveries only. Messages are persistent, the
 //! queues durable, and publishes confirmed (as the server's answer is).
 
-use super::delayed::{delay_of, Seen};
+use super::delayed::{deadline_of, delay_of, Seen};
 use super::report::Report;
 use super::{now_us, BenchArgs, Ctx};
 use futures_util::StreamExt;
@@ -168,13 +168,7 @@ pub async fn run(
         .saturating_sub(args.publishers.map_or(1, |p| p as usize))
         .max(1);
     let start = Instant::now();
-    let deadline = start
-        + Duration::from_millis(
-            args.timeout
-                .ms()
-                .saturating_add(3 * spread_ms)
-                .saturating_add(args.lead.ms()),
-        );
+    let deadline = deadline_of(args, start);
     let base_ms = now_us() / 1_000 + lead_ms;
     let (mut short, mut long) = (Vec::new(), Vec::new());
     for n in 0..target {
