@@ -41,6 +41,17 @@ pub fn delay_of(seed: u64, n: u64, spread_ms: u64, long_fraction: f64) -> (u64, 
     }
 }
 
+/// `(publishers, consumers)` of `--connections`: `--publishers` (default a quarter) publish,
+/// the rest consume.
+pub(super) fn split_of(args: &BenchArgs) -> (usize, usize) {
+    let connections = args.connections as usize;
+    let publishers = args
+        .publishers
+        .map_or((connections / 4).max(1), |p| p as usize)
+        .min(connections);
+    (publishers, connections.saturating_sub(publishers).max(1))
+}
+
 /// When a run started at `start` gives up: `--timeout` after the last due time can come.
 pub(super) fn deadline_of(args: &BenchArgs, start: Instant) -> Instant {
     start
@@ -138,12 +149,7 @@ pub async fn run(
     let spread_ms = args.spread.ms();
     let long_fraction = args.long_fraction;
     let seed = now_us() as u64;
-    let connections = args.connections as usize;
-    let publishers = args
-        .publishers
-        .map_or((connections / 4).max(1), |p| p as usize)
-        .min(connections);
-    let consumers = connections.saturating_sub(publishers).max(1);
+    let (publishers, consumers) = split_of(args);
     let start = Instant::now();
     let deadline = deadline_of(args, start);
     let lead_ms = args.lead.ms();

@@ -10,7 +10,7 @@
 //! lateness = receive time − due time, first deliveries only. Messages are persistent, the
 //! queues durable, and publishes confirmed (as the server's answer is).
 
-use super::delayed::{deadline_of, delay_of, Seen};
+use super::delayed::{deadline_of, delay_of, split_of, Seen};
 use super::report::Report;
 use super::{now_us, BenchArgs, Ctx};
 use futures_util::StreamExt;
@@ -163,10 +163,9 @@ pub async fn run(
     let spread_ms = args.spread.ms();
     let lead_ms = args.lead.ms() as i64;
     let seed = now_us() as u64;
-    let connections = args.connections as usize;
-    let consumers = connections
-        .saturating_sub(args.publishers.map_or(1, |p| p as usize))
-        .max(1);
+    // Its publishers are one channel per wait queue, whatever `--publishers` says; the
+    // consumers are as many as the server's run would have.
+    let (_, consumers) = split_of(args);
     let start = Instant::now();
     let deadline = deadline_of(args, start);
     let base_ms = now_us() / 1_000 + lead_ms;
