@@ -41,6 +41,16 @@ pub fn delay_of(seed: u64, n: u64, spread_ms: u64, long_fraction: f64) -> (u64, 
     }
 }
 
+/// The due time of a message `delay_ms` after the run's `base` (its start + `--lead`), or
+/// after now when there is no lead (the message is published while deliveries run).
+pub(super) fn due_of(base: Timestamp, lead_ms: u64, delay_ms: u64) -> Timestamp {
+    if lead_ms == 0 {
+        Timestamp::now().plus_ms(delay_ms)
+    } else {
+        base.plus_ms(delay_ms)
+    }
+}
+
 /// `(publishers, consumers)` of `--connections`: `--publishers` (default a quarter) publish,
 /// the rest consume.
 pub(super) fn split_of(args: &BenchArgs) -> (usize, usize) {
@@ -156,11 +166,7 @@ pub async fn run(
     let base = Timestamp::now().plus_ms(lead_ms);
     let item: ItemFn = Arc::new(move |ctx: &Ctx, n: u64| {
         let (delay, long) = delay_of(seed, n, spread_ms, long_fraction);
-        let due = if lead_ms == 0 {
-            Timestamp::now().plus_ms(delay)
-        } else {
-            base.plus_ms(delay)
-        };
+        let due = due_of(base, lead_ms, delay);
         format!(
             r#"{{"payload":{},"deliver_at":"{}"}}"#,
             ctx.payload(n, &format!(r#","due":{},"long":{long}"#, due.as_millis())),

@@ -10,7 +10,7 @@
 //! lateness = receive time − due time, first deliveries only. Messages are persistent, the
 //! queues durable, and publishes confirmed (as the server's answer is).
 
-use super::delayed::{deadline_of, delay_of, split_of, Seen};
+use super::delayed::{deadline_of, delay_of, due_of, split_of, Seen};
 use super::report::Report;
 use super::{now_us, BenchArgs, Ctx};
 use futures_util::StreamExt;
@@ -20,6 +20,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use redrive_core::Timestamp;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
@@ -161,22 +162,18 @@ pub async fn run(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let spread_ms = args.spread.ms();
-    let lead_ms = args.lead.ms() as i64;
+    let lead_ms = args.lead.ms();
     let seed = now_us() as u64;
     // Its publishers are one channel per wait queue, whatever `--publishers` says; the
     // consumers are as many as the server's run would have.
     let (_, consumers) = split_of(args);
     let start = Instant::now();
     let deadline = deadline_of(args, start);
-    let base_ms = now_us() / 1_000 + lead_ms;
+    let base = Timestamp::now().plus_ms(lead_ms);
     let (mut short, mut long) = (Vec::new(), Vec::new());
     for n in 0..target {
         let (delay, is_long) = delay_of(seed, n, spread_ms, args.long_fraction);
-        let due = if lead_ms == 0 {
-            now_us() / 1_000 + delay as i64
-        } else {
-            base_ms + delay as i64
-        };
+        let due = due_of(base, lead_ms, delay).as_millis();
         if is_long {
             long.push(due);
         } else {
