@@ -21,6 +21,7 @@ mod busy;
 mod checkpoint;
 mod dir_lock;
 mod group_commit;
+mod history;
 mod hot;
 mod idempotency;
 mod key_order;
@@ -184,6 +185,9 @@ fn open_connection(
     .db()?;
     conn.set_prepared_statement_cache_capacity(64);
     reads::register_functions(&conn)?;
+    if write {
+        history::register(&conn)?;
+    }
     Ok(conn)
 }
 

@@ -358,6 +358,17 @@ impl WriterState {
         Ok(row)
     }
 
+    /// The row at `seq` as it is on disk, if any.
+    fn stored_row_at(&self, seq: i64) -> Result<Option<Row>, StoreError> {
+        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE seq = ?1");
+        self.conn
+            .prepare_cached(sql)
+            .db()?
+            .query_row([seq], crate::row::from_sql)
+            .optional()
+            .db()
+    }
+
     /// The row of `id` as it is on disk.
     fn stored_row(&self, id: &MessageId) -> Result<Row, StoreError> {
         let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1");
@@ -408,8 +419,12 @@ impl WriterState {
     fn append_history(&self, seq: i64, entry: &HistoryEntry) -> Result<(), StoreError> {
         let json = serde_json::to_string(entry)?;
         self.conn
-            .prepare_cached("UPDATE messages SET history = json_insert(history, '$[#]', json(?2)) WHERE seq = ?1").db()?
-            .execute(params![seq, json]).db()?;
+            .prepare_cached(
+                "UPDATE messages SET history = redrive_history_append(history, ?2) WHERE seq = ?1",
+            )
+            .db()?
+            .execute(params![seq, json])
+            .db()?;
         Ok(())
     }
 
@@ -637,7 +652,7 @@ impl WriterState {
             .prepare_cached(
                 "UPDATE messages SET state = ?2, due_at = ?3, prev_delay_ms = ?4, uncounted = ?5, updated_at = ?6, \
                  finished_at = ?7, dead_reason = ?8, error_class = ?9, last_error = ?10, \
-                 history = json_insert(history, '$[#]', json(?11)), lease_end = ?12, \
+                 history = redrive_history_append(history, ?11), lease_end = ?12, \
                  attempts = coalesce(?13, attempts), lease_token = coalesce(?14, lease_token), \
                  leased_at = coalesce(?15, leased_at), lease_expires_at = coalesce(?16, lease_expires_at) \
                  WHERE seq = ?1 AND (?13 IS NULL OR (state = 1 AND attempts = ?13 - 1))",
@@ -751,15 +766,7 @@ impl WriterState {
             let Some(key) = self.hot.first_candidate(&self.conn, &req.queue)? else {
                 break;
             };
-            let sql = concat!("SELECT ", columns!(), " FROM messages WHERE seq = ?1");
-            let row: Option<Row> = self
-                .conn
-                .prepare_cached(sql)
-                .db()?
-                .query_row([key.seq()], crate::row::from_sql)
-                .optional()
-                .db()?;
-            let Some(mut row) = row else {
+            let Some(mut row) = self.stored_row_at(key.seq())? else {
                 self.hot.drop_candidate(&req.queue, &key);
                 continue;
             };
@@ -838,10 +845,15 @@ impl WriterState {
     /// checked live ([`Self::check_lease`]); `None` when no such lease is held here.
     fn held_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Option<Row>, StoreError> {
         let id = lease.id.to_string();
-        if self.hot.get(&id).is_none_or(|m| m.token != lease.token) {
+        let Some(held) = self.hot.get(&id).filter(|m| m.token == lease.token) else {
             return Ok(None);
-        }
-        let row = self.row_seen(&lease.id)?;
+        };
+        // Read by its `seq`, which the lease keeps: no lookup of the id in its index.
+        let mut row = self
+            .stored_row_at(held.seq)?
+            .filter(|r| r.id == id)
+            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        hot::overlay(&mut row, &held.view());
         self.check_lease(&row, &lease.token, now)?;
         Ok(Some(row))
     }
@@ -898,20 +910,22 @@ impl WriterState {
             .as_ref()
             .map(serde_json::to_string)
             .transpose()?;
-        // Fast path, one statement: the live lease is acked and its history entry appended.
-        // The entry's timestamps are rendered by SQLite in the format of `Timestamp`. A lease
+        // Fast path, one statement: the live lease is acked and its history entry appended
+        // (spliced in as text: `history.rs`). The entry's timestamps are rendered by SQLite
+        // in the format of `Timestamp`. A lease
         // held in memory (`?7`…`?9`: its attempt, start and expiry) is written with it, onto
-        // the row only as the lease left it.
+        // the row only as the lease left it, found by the `seq` the lease keeps (`?10`; else
+        // by its id).
         let fast: Option<Row> = self
             .conn
             .prepare_cached(concat!(
                 "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
                  lease_token = ?2, attempts = coalesce(?7, attempts), leased_at = coalesce(?8, leased_at), \
                  lease_expires_at = coalesce(?9, lease_expires_at), \
-                 history = json_insert(history, '$[#]', json_patch(json_object('attempt', coalesce(?7, attempts), 'at', ?4, \
-                   'leased_at', strftime('%Y-%m-%dT%H:%M:%fZ', coalesce(?8, leased_at) / 1000.0, 'unixepoch'), \
-                   'event', ?6), CASE WHEN ?5 IS NULL THEN '{}' ELSE json_object('response', json(?5)) END)) \
-                 WHERE id = ?1 AND CASE WHEN ?7 IS NULL \
+                 history = redrive_history_append(history, '{\"attempt\":' || coalesce(?7, attempts) || ',\"at\":\"' || ?4 || \
+                   '\",\"leased_at\":' || coalesce('\"' || strftime('%Y-%m-%dT%H:%M:%fZ', coalesce(?8, leased_at) / 1000.0, 'unixepoch') || '\"', 'null') || \
+                   ',\"event\":\"' || ?6 || '\"' || coalesce(',\"response\":' || ?5, '') || '}') \
+                 WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND CASE WHEN ?7 IS NULL \
                    THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
                    ELSE state = 1 AND attempts = ?7 - 1 END RETURNING ",
                 columns!()
@@ -927,6 +941,7 @@ impl WriterState {
                     held.as_ref().map(|h| h.attempt),
                     held.as_ref().map(|h| h.leased_at),
                     held.as_ref().map(|h| h.expires_at),
+                    held.as_ref().map(|h| h.seq),
                 ],
                 crate::row::from_sql,
             )
