@@ -29,6 +29,22 @@ PORT=${PORT:-7079}
 source scripts/bench_server.sh
 pg() { PGOPTIONS="--client-min-messages=warning" psql "$PG_URL" -XAtqc "$1"; }
 
+# The server's own view of the same lateness, taken by the store when it hands out the lease
+# (redrive_delivery_lateness_seconds on /metrics; every lease of the run): what part of it is
+# at most 1, 2, 5 and 10 ms late. The load generator's figure adds the lease's HTTP answer and
+# the client's reading of it, on the same cores.
+server_lateness() {
+  curl -s "$SERVER/metrics" | awk '
+    /^redrive_delivery_lateness_seconds_bucket/ {
+      match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5); n[le] += $2
+    }
+    END {
+      t = n["+Inf"]; if (t == 0) { print "server-side: no leases counted"; exit }
+      printf "server-side at the lease: <= 1 ms %.2f %%, <= 2 ms %.2f %%, <= 5 ms %.2f %%, <= 10 ms %.2f %% of %d leases\n",
+        100 * n["0.001"] / t, 100 * n["0.002"] / t, 100 * n["0.005"] / t, 100 * n["0.01"] / t, t
+    }'
+}
+
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' (with local changes)')"
@@ -49,7 +65,11 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     "$BENCH" --server "$SERVER" --workload delayed --messages "$MESSAGES" --spread "$SPREAD" \
       --connections "$CONNECTIONS" --publishers "$PUBLISHERS" "${peer[@]}" --json >"$out" 2>"$out.err" || true
-    if [ "$system" != rabbitmq ]; then stop; fi
+    server_side=""
+    if [ "$system" != rabbitmq ]; then
+      server_side=$(server_lateness || true)
+      stop
+    fi
     if [ "$system" = redrive-pg ]; then pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null; fi
     rm -rf "$WORK/data-$round"
     if ! jq -e '.complete == true' "$out" >/dev/null 2>&1; then
@@ -59,5 +79,6 @@ for round in $(seq 1 "$ROUNDS"); do
     jq -r --arg s "$system" --arg r "$round" \
       '"round \($r) \($s | .+"          " | .[0:10]) lateness p50 \(.lateness.p50_ms) ms, p99 \(.lateness.p99_ms) ms, max \(.lateness.max_ms) ms (short delays p99 \(.lateness_short.p99_ms) ms); early \(.early)"' \
       "$out"
+    if [ -n "$server_side" ]; then echo "        $server_side"; fi
   done
 done

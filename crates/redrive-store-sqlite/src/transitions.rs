@@ -912,10 +912,9 @@ impl WriterState {
             .transpose()?;
         // Fast path, one statement: the live lease is acked and its history entry appended
         // (spliced in as text: `history.rs`). The entry's timestamps are rendered by SQLite
-        // in the format of `Timestamp`. A lease
-        // held in memory (`?7`…`?9`: its attempt, start and expiry) is written with it, onto
-        // the row only as the lease left it, found by the `seq` the lease keeps (`?10`; else
-        // by its id).
+        // in the format of `Timestamp`. A lease held in memory (`?7`…`?9`: its attempt,
+        // start and expiry) is written with it, onto the row only as the lease left it,
+        // found by the `seq` the lease keeps (`?10`; else through the id's index).
         let fast: Option<Row> = self
             .conn
             .prepare_cached(concat!(
@@ -925,7 +924,7 @@ impl WriterState {
                  history = redrive_history_append(history, '{\"attempt\":' || coalesce(?7, attempts) || ',\"at\":\"' || ?4 || \
                    '\",\"leased_at\":' || coalesce('\"' || strftime('%Y-%m-%dT%H:%M:%fZ', coalesce(?8, leased_at) / 1000.0, 'unixepoch') || '\"', 'null') || \
                    ',\"event\":\"' || ?6 || '\"' || coalesce(',\"response\":' || ?5, '') || '}') \
-                 WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND CASE WHEN ?7 IS NULL \
+                 WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND id = ?1 AND CASE WHEN ?7 IS NULL \
                    THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
                    ELSE state = 1 AND attempts = ?7 - 1 END RETURNING ",
                 columns!()
