@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+USAGE = "usage: scripts/wal_frames.py DATA_DIR"
+
 
 def frames_of(wal: bytes):
     """(page size, [(page number, commit size or 0)]) of the log's current generation."""
@@ -44,7 +46,7 @@ def frames_of(wal: bytes):
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     data = Path(sys.argv[1])
     db, wal = data / "redrive.db", data / "redrive.db-wal"

@@ -349,36 +349,48 @@ impl WriterState {
         self.stored_row(id)
     }
 
-    /// The row of `id` as readers see it: with its lease held in memory applied.
+    /// The row of `id` as readers see it: with its lease held in memory applied. A lease
+    /// held in memory keeps its row's `seq`, so that row is read by it, not through the id's
+    /// index.
     fn row_seen(&self, id: &MessageId) -> Result<Row, StoreError> {
-        let mut row = self.stored_row(id)?;
-        if let Some(lease) = self.hot.get(&row.id) {
-            hot::overlay(&mut row, &lease.view());
-        }
+        let key = id.to_string();
+        let Some(lease) = self.hot.get(&key) else {
+            return self.stored_row(id);
+        };
+        let mut row = self
+            .stored_row_at(lease.seq)?
+            .filter(|r| r.id == key)
+            .ok_or(StoreError::NotFound(key))?;
+        hot::overlay(&mut row, &lease.view());
         Ok(row)
     }
 
     /// The row at `seq` as it is on disk, if any.
     fn stored_row_at(&self, seq: i64) -> Result<Option<Row>, StoreError> {
-        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE seq = ?1");
-        self.conn
-            .prepare_cached(sql)
-            .db()?
-            .query_row([seq], crate::row::from_sql)
-            .optional()
-            .db()
+        self.one_row(
+            concat!("SELECT ", columns!(), " FROM messages WHERE seq = ?1"),
+            seq,
+        )
     }
 
     /// The row of `id` as it is on disk.
     fn stored_row(&self, id: &MessageId) -> Result<Row, StoreError> {
-        let sql = concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1");
+        let key = id.to_string();
+        self.one_row(
+            concat!("SELECT ", columns!(), " FROM messages WHERE id = ?1"),
+            &key,
+        )?
+        .ok_or(StoreError::NotFound(key))
+    }
+
+    /// The row `sql` (a select of [`columns!`] by one key) finds for `key`, if any.
+    fn one_row(&self, sql: &str, key: impl rusqlite::ToSql) -> Result<Option<Row>, StoreError> {
         self.conn
             .prepare_cached(sql)
             .db()?
-            .query_row([id.to_string()], crate::row::from_sql)
+            .query_row([key], crate::row::from_sql)
             .optional()
-            .db()?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+            .db()
     }
 
     /// Note a push message's waits before its attempt `attempt` (one entry per wait episode
@@ -845,15 +857,10 @@ impl WriterState {
     /// checked live ([`Self::check_lease`]); `None` when no such lease is held here.
     fn held_row(&self, lease: &LeaseRef, now: Timestamp) -> Result<Option<Row>, StoreError> {
         let id = lease.id.to_string();
-        let Some(held) = self.hot.get(&id).filter(|m| m.token == lease.token) else {
+        if self.hot.get(&id).is_none_or(|m| m.token != lease.token) {
             return Ok(None);
-        };
-        // Read by its `seq`, which the lease keeps: no lookup of the id in its index.
-        let mut row = self
-            .stored_row_at(held.seq)?
-            .filter(|r| r.id == id)
-            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        hot::overlay(&mut row, &held.view());
+        }
+        let row = self.row_seen(&lease.id)?;
         self.check_lease(&row, &lease.token, now)?;
         Ok(Some(row))
     }
