@@ -12,6 +12,8 @@
 #
 # SYSTEMS  default "redrive redrive-pg rabbitmq"; AMQP_URL default amqp://guest:guest@127.0.0.1:5672/%2f; PG_URL default postgres://root@127.0.0.1:5432/test;
 # CONNECTIONS (default 8, PUBLISHERS of them publish, default 2); ROUNDS default 3; PORT 7079.
+# BASELINE_BIN=path/to/an/older/redrive adds the system `baseline` to SYSTEMS' choices: that
+# binary on its embedded store, interleaved with the others (before and after in one window).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +62,8 @@ for round in $(seq 1 "$ROUNDS"); do
     elif [ "$system" = redrive-pg ]; then
       pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
       start "$WORK/data-unused" "$PG_URL" "$schema"
+    elif [ "$system" = baseline ]; then
+      START_BIN=${BASELINE_BIN:?baseline needs BASELINE_BIN} start "$WORK/data-$round"
     else
       start "$WORK/data-$round"
     fi

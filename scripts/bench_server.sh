@@ -9,6 +9,9 @@
 #                    with a URL and a schema, its store is that PostgreSQL schema instead
 #   stop             SIGTERM it (and the extra nodes) and wait
 #
+# START_BIN, when set, is the server binary `start` runs instead of BIN (an older build, to
+# measure before and after side by side in one window).
+#
 # With a URL and a schema, EXTRA_NODES=n (default 0) starts n more nodes of the same cluster
 # on $PORT+1 … $PORT+n (same config, same schema; logs $WORK/node-<i>.log); SERVER stays the
 # first node.
@@ -61,7 +64,7 @@ wait_ready() {
 start() { # data dir [postgres url, schema]
   local store=() i port
   if [ -n "${2:-}" ]; then store=(--storage-url "$2"); fi
-  REDRIVE_STORAGE_SCHEMA=${3:-redrive} "$BIN" serve --config "$WORK/bench.toml" \
+  REDRIVE_STORAGE_SCHEMA=${3:-redrive} "${START_BIN:-$BIN}" serve --config "$WORK/bench.toml" \
     --listen "127.0.0.1:$PORT" --data-dir "$1" "${store[@]}" >>"$WORK/server.log" 2>&1 &
   PID=$!
   wait_ready "$SERVER" "$PID" "$WORK/server.log"

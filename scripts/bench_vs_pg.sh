@@ -22,6 +22,8 @@
 #            acked): the database's commits (pg_stat_database.xact_commit), the cluster's WAL
 #            bytes (pg_current_wal_lsn), and the dead tuples the run made (n_tup_upd + n_tup_del
 #            of the run's tables: every update or delete leaves one for vacuum).
+#            With BASELINE_BIN=path/to/an/older/redrive, also `baseline`: that binary on its
+#            embedded store (before and after a change side by side in one window).
 # SHAPES     consumers x batch, space-separated (default "16x100 8x10 64x1"). batch 1 means one
 #            message per lease and one ack / nack request per message (redrive's single-message
 #            endpoints; for PostgreSQL, one claim of 1 row and one UPDATE / DELETE per job).
@@ -121,13 +123,17 @@ run() {
     --publishers "$PUBLISHERS" --batch "$batch" --publish-batch "$PUBLISH_BATCH"
     --messages "$messages" --json)
   case $system in
-  redrive)
+  redrive | baseline)
     local data="$WORK/data-$shape-$round"
-    start "$data"
+    if [ "$system" = baseline ]; then
+      START_BIN=${BASELINE_BIN:?baseline needs BASELINE_BIN} start "$data"
+    else
+      start "$data"
+    fi
     "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
     stop
     rm -rf "$data"
-    target=redrive
+    target=$system
     ;;
   redrive-pg)
     local schema="redrive_bench_${shape}_$round"
@@ -222,7 +228,7 @@ from statistics import median
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 shapes = sys.argv[2].split()
 systems = sys.argv[3].split()
-names = {"redrive": "redrive", "redrive-pg": "redrive on PostgreSQL", "pg": "PostgreSQL SKIP LOCKED",
+names = {"redrive": "redrive", "baseline": "redrive (BASELINE_BIN)", "redrive-pg": "redrive on PostgreSQL", "pg": "PostgreSQL SKIP LOCKED",
          "redrive-mysql": "redrive on MySQL", "mysql": "MySQL SKIP LOCKED"}
 
 def fig(values):
@@ -236,7 +242,8 @@ def ratio(a, b):
 
 # Each redrive against the peer of its database (the embedded one against both peers).
 pairs = [(r, p) for r, p in (("redrive", "pg"), ("redrive-pg", "pg"), ("redrive", "mysql"),
-                             ("redrive-mysql", "mysql")) if r in systems and p in systems]
+                             ("redrive-mysql", "mysql"), ("redrive", "baseline"), ("baseline", "pg"))
+         if r in systems and p in systems]
 print(f"{'shape':<8} " + " ".join(f"{names[s]:<30}" for s in systems) + " " +
       " ".join(f"{r}/{p:<6}" for r, p in pairs))
 for shape in shapes:

@@ -27,11 +27,26 @@
 //! - **Rollback**: a job's changes here are undone when its savepoint is rolled back
 //!   ([`Hot::rollback_job`]); readers see them only after the batch commits
 //!   ([`Hot::batch_committed`]), as they see the rows.
-//! - **A crash** loses the leases here: their rows are `ready` with the attempt of
-//!   before, so they are delivered again with the same attempt number, and the old
+//! - **A crash** loses the leases here: their rows are `ready` (or `scheduled` and due)
+//!   with the attempt of before, so they are delivered again with the same attempt number, and the old
 //!   tokens are refused (`lease_mismatch`: every token carries the writer's random epoch).
 //!   A **close** writes every live lease into its row first (`WriterState::flush_hot`),
 //!   so a restart keeps them, as before.
+//!
+//! - **The due window** ([`Promotion`], `promotion.rs`): the tick's promotion of a due
+//!   row writes nothing either. The row stays `scheduled` on disk and is held here as
+//!   ready: a lease candidate beside the window (claim order decides between them), shown
+//!   `ready` to readers ([`overlay_due`]), counted ready. Per queue, every `scheduled` row
+//!   up to a place in `ix_scheduled` order (due time, seq) is held here ([`DueWindow`]), so
+//!   the tick's scan and the queue's next due time start after it; a row scheduled at or
+//!   before that place (a request whose clock is behind the tick's) is promoted here at once
+//!   (`transitions.rs::wake_if_scheduled`). At most [`DUE_MAX`] unleased rows per queue are
+//!   held; past that the tick writes its promotions as before. The lease of a promoted row
+//!   is a lease held here whose row is `scheduled` ([`MemLease::promoted_at`]): the ack or
+//!   the failure writes the row once, from `scheduled`, instead of twice (promotion, then
+//!   ack). Any other transition first writes the promotion (`WriterState::materialize`).
+//!   A crash or a close loses the promotions and nothing else: the rows are `scheduled`
+//!   and due, and the first tick promotes them again.
 //!
 //! Queues with `ordering = "key"` keep the lease statement: their heads are kept in
 //! `key_order`, which a lease changes.
@@ -40,11 +55,14 @@ use crate::row::Row;
 use crate::sql_error::SqlResultExt;
 use redrive_core::{State, Timestamp};
 use rusqlite::{params, Connection};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// At most this many candidates per queue are kept; past it the window is cut to half.
 pub const WINDOW_MAX: usize = 8_192;
+/// At most this many unleased rows per queue are promoted in memory; past it the tick
+/// writes its promotions into their rows, as it does on queues ordered by key.
+pub const DUE_MAX: usize = 8_192;
 /// Candidates read from `ix_ready` per refill.
 const REFILL_ROWS: i64 = 1_024;
 
@@ -72,6 +90,11 @@ impl Key {
 
     pub fn seq(&self) -> i64 {
         self.seq
+    }
+
+    /// Where the row stands in its queue's `ix_scheduled` order: (due time, seq).
+    fn due_place(&self) -> (i64, i64) {
+        (self.due_at, self.seq)
     }
 }
 
@@ -135,6 +158,9 @@ pub struct MemLease {
     pub attempt: u32,
     pub leased_at: i64,
     pub expires_at: i64,
+    /// When the row was promoted in memory, if it was ([`Promotion`]): it is `scheduled`
+    /// on disk then, not `ready`.
+    pub promoted_at: Option<i64>,
 }
 
 impl MemLease {
@@ -145,6 +171,16 @@ impl MemLease {
             attempt: self.attempt,
             leased_at: self.leased_at,
             expires_at: self.expires_at,
+            promoted: self.promoted_at.is_some(),
+        }
+    }
+
+    /// The row's state on disk while this lease is held: the state its write checks.
+    pub fn disk_state(&self) -> State {
+        if self.promoted_at.is_some() {
+            State::Scheduled
+        } else {
+            State::Ready
         }
     }
 }
@@ -157,16 +193,40 @@ pub struct LeaseView {
     pub attempt: u32,
     pub leased_at: i64,
     pub expires_at: i64,
+    /// The row is `scheduled` on disk (promoted in memory), not `ready`.
+    pub promoted: bool,
 }
 
-/// The leases held in memory as readers see them (by message id): changed after each
-/// commit, like the rows.
-pub type Views = Arc<Mutex<HashMap<String, LeaseView>>>;
+/// What a reader needs of a row promoted in memory to show it `ready`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueView {
+    pub seq: i64,
+    pub queue: String,
+    pub due_at: i64,
+    /// When it was promoted (the row's `updated_at` as a promotion on disk writes it).
+    pub at: i64,
+}
+
+/// What readers see of the writer's memory: the leases and the promotions held there,
+/// by message id. Changed after each commit, like the rows.
+#[derive(Debug, Default)]
+pub struct Shown {
+    pub leases: HashMap<String, LeaseView>,
+    pub due: HashMap<String, DueView>,
+}
+
+pub type Views = Arc<Mutex<Shown>>;
 
 /// Show `row` as its lease made it, when `view` is the lease of the row as it is on disk
-/// (`ready`, the attempt before the lease's). Returns whether it applied.
+/// (`ready`, or `scheduled` if it was promoted in memory; the attempt before the
+/// lease's). Returns whether it applied.
 pub fn overlay(row: &mut Row, view: &LeaseView) -> bool {
-    if row.life.state != State::Ready || row.life.attempts.checked_add(1) != Some(view.attempt) {
+    let from = if view.promoted {
+        State::Scheduled
+    } else {
+        State::Ready
+    };
+    if row.life.state != from || row.life.attempts.checked_add(1) != Some(view.attempt) {
         return false;
     }
     let leased_at = Timestamp::from_millis(view.leased_at);
@@ -180,6 +240,41 @@ pub fn overlay(row: &mut Row, view: &LeaseView) -> bool {
     true
 }
 
+/// Show `row` `ready` when `view` is its promotion in memory and the row is as the
+/// promotion found it (`scheduled`, due at the same time). Returns whether it applied.
+pub fn overlay_due(row: &mut Row, view: &DueView) -> bool {
+    if row.seq != view.seq
+        || row.life.state != State::Scheduled
+        || row.life.due_at.map(Timestamp::as_millis) != Some(view.due_at)
+    {
+        return false;
+    }
+    row.life.state = State::Ready;
+    row.life.updated_at = Timestamp::from_millis(view.at);
+    true
+}
+
+/// A due row made ready in memory: its row stays `scheduled` on disk (the tick wrote
+/// nothing), and the lease, ack or failure that follows writes it from there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Promotion {
+    pub queue: String,
+    pub key: Key,
+    /// When it was promoted, ms.
+    pub at: i64,
+}
+
+/// The rows of one queue promoted in memory, and how far its scheduled rows are held.
+#[derive(Debug, Default)]
+struct DueWindow {
+    /// The promoted rows not leased, in claim order, with their message ids.
+    set: BTreeMap<Key, String>,
+    /// Every `scheduled` row of the queue at or before this (due time, seq) is promoted
+    /// here (in `set`, or leased here), and every row promoted here is at or before it:
+    /// the tick's scan and the queue's next due time start after it.
+    upto: Option<(i64, i64)>,
+}
+
 /// A job's change here, to undo if its savepoint is rolled back.
 #[derive(Debug)]
 enum Undo {
@@ -189,6 +284,22 @@ enum Undo {
     Ended { id: String, lease: MemLease },
     /// A lease's expiry moved.
     Extended { id: String, before: i64 },
+    /// A row promoted in memory.
+    Promoted { id: String },
+    /// A promotion ended without a lease (written into its row, or dropped).
+    Unpromoted { id: String, promotion: Promotion },
+    /// A queue's scheduled rows held up to another place.
+    Upto {
+        queue: String,
+        before: Option<(i64, i64)>,
+    },
+}
+
+/// A change of what readers see, published when its batch commits.
+#[derive(Debug)]
+enum ViewChange {
+    Lease(String, Option<LeaseView>),
+    Due(String, Option<DueView>),
 }
 
 /// The leases in memory and the windows they are taken from: owned by the writer.
@@ -198,9 +309,12 @@ pub struct Hot {
     seqs: HashSet<i64>,
     by_expiry: BTreeSet<(i64, String)>,
     windows: HashMap<String, Window>,
+    /// The rows promoted in memory, per queue, and the unleased ones by message id.
+    dues: HashMap<String, DueWindow>,
+    promoted: HashMap<String, Promotion>,
     undo: Vec<Undo>,
-    job_views: Vec<(String, Option<LeaseView>)>,
-    batch_views: Vec<(String, Option<LeaseView>)>,
+    job_views: Vec<ViewChange>,
+    batch_views: Vec<ViewChange>,
     views: Views,
     /// Per queue, the running job's transitions into `ready` less those it placed in the
     /// window ([`Self::moved_ready`], [`Self::made_ready`]).
@@ -214,10 +328,12 @@ impl Hot {
             seqs: HashSet::new(),
             by_expiry: BTreeSet::new(),
             windows: HashMap::new(),
+            dues: HashMap::new(),
+            promoted: HashMap::new(),
             undo: Vec::new(),
             job_views: Vec::new(),
             batch_views: Vec::new(),
-            views: Arc::new(Mutex::new(HashMap::new())),
+            views: Arc::new(Mutex::new(Shown::default())),
             job_unplaced: HashMap::new(),
         }
     }
@@ -257,26 +373,39 @@ impl Hot {
 
     // ---- the window ----
 
-    /// The first candidate of `queue`'s window, refilled from `ix_ready` when it is empty
-    /// and not complete. `None`: no leasable ready row is left.
+    /// The first candidate of `queue`: the first of its window (refilled from `ix_ready`
+    /// when it is empty and not complete) or of its rows promoted in memory, whichever
+    /// comes first in claim order; `true` for a promoted one. `None`: no leasable ready
+    /// row is left.
     pub fn first_candidate(
         &mut self,
         conn: &Connection,
         queue: &str,
-    ) -> Result<Option<Key>, redrive_storage::StoreError> {
-        loop {
+    ) -> Result<Option<(Key, bool)>, redrive_storage::StoreError> {
+        let stored = loop {
             let w = self
                 .windows
                 .entry(queue.to_owned())
                 .or_insert_with(Window::new);
             if let Some(k) = w.set.first() {
-                return Ok(Some(*k));
+                break Some(*k);
             }
             if w.upto == Bound::End {
-                return Ok(None);
+                break None;
             }
             refill(conn, queue, w, &self.seqs)?;
-        }
+        };
+        let promoted = self
+            .dues
+            .get(queue)
+            .and_then(|d| d.set.first_key_value())
+            .map(|(k, _)| *k);
+        Ok(match (stored, promoted) {
+            (Some(s), Some(p)) if p < s => Some((p, true)),
+            (Some(s), _) => Some((s, false)),
+            (None, Some(p)) => Some((p, true)),
+            (None, None) => None,
+        })
     }
 
     /// Drop a candidate that is not (or no longer) leasable.
@@ -286,9 +415,25 @@ impl Hot {
         }
     }
 
+    /// Drop a promoted candidate whose row is not as its promotion found it (nothing
+    /// writes such a row without ending its promotion first: a defect if seen).
+    pub fn drop_promoted(&mut self, queue: &str, key: &Key) {
+        let id = self.dues.get_mut(queue).and_then(|d| d.set.remove(key));
+        if let Some(id) = id {
+            tracing::warn!(%queue, message = %id, "a row promoted in memory changed under its promotion");
+            self.unpromote(&id);
+        }
+    }
+
     /// A transition made the row at `key` of `queue` leasable (ready, unordered queue).
     pub fn made_ready(&mut self, queue: &str, key: Key) {
         self.count_unplaced(queue, -1);
+        self.place(queue, key);
+    }
+
+    /// The row at `key` of `queue` is ready on disk (it was already counted ready): a
+    /// candidate if the window covers it.
+    pub fn place(&mut self, queue: &str, key: Key) {
         if let Some(w) = self.windows.get_mut(queue) {
             w.insert(key);
         }
@@ -313,11 +458,103 @@ impl Hot {
         self.windows.remove(queue);
     }
 
+    // ---- rows promoted in memory ----
+
+    /// Promote the due row `id` at `key` of `queue` in memory (the tick's promotion, or a
+    /// row scheduled where the queue's rows are already held): ready from now on, though
+    /// `scheduled` on disk. Counted as placed ([`Self::moved_ready`]).
+    pub fn promote(&mut self, id: &str, queue: &str, key: Key, at: i64) {
+        self.count_unplaced(queue, -1);
+        self.dues
+            .entry(queue.to_owned())
+            .or_default()
+            .set
+            .insert(key, id.to_owned());
+        let promotion = Promotion {
+            queue: queue.to_owned(),
+            key,
+            at,
+        };
+        self.job_views
+            .push(ViewChange::Due(id.to_owned(), Some(due_view(&promotion))));
+        self.promoted.insert(id.to_owned(), promotion);
+        self.undo.push(Undo::Promoted { id: id.to_owned() });
+    }
+
+    /// Every `scheduled` row of `queue` at or before `place` (due time, seq) is held here.
+    pub fn hold_upto(&mut self, queue: &str, place: (i64, i64)) {
+        let d = self.dues.entry(queue.to_owned()).or_default();
+        if d.upto.is_some_and(|u| u >= place) {
+            return;
+        }
+        let before = d.upto.replace(place);
+        self.undo.push(Undo::Upto {
+            queue: queue.to_owned(),
+            before,
+        });
+    }
+
+    /// How far `queue`'s scheduled rows are held here ([`DueWindow::upto`]).
+    pub fn held_upto(&self, queue: &str) -> Option<(i64, i64)> {
+        self.dues.get(queue).and_then(|d| d.upto)
+    }
+
+    /// Whether the row at `key` of `queue`, `scheduled`, is where the queue's rows are
+    /// held here: it is due, and the tick's scan will not see it.
+    pub fn behind_hold(&self, queue: &str, key: &Key) -> bool {
+        self.held_upto(queue).is_some_and(|u| key.due_place() <= u)
+    }
+
+    /// How many more rows of `queue` may be promoted in memory, at most `want`.
+    pub fn promotion_room(&self, queue: &str, want: usize) -> usize {
+        let held = self.dues.get(queue).map_or(0, |d| d.set.len());
+        DUE_MAX.saturating_sub(held).min(want)
+    }
+
+    /// The promotion of `id` held here, if it is promoted and not leased.
+    pub fn promotion(&self, id: &str) -> Option<&Promotion> {
+        self.promoted.get(id)
+    }
+
+    /// End the promotion of `id` without a lease (its row is written `ready`, or it is
+    /// dropped): it is no longer here.
+    pub fn unpromote(&mut self, id: &str) -> Option<Promotion> {
+        let promotion = self.promoted.remove(id)?;
+        if let Some(d) = self.dues.get_mut(&promotion.queue) {
+            d.set.remove(&promotion.key);
+        }
+        self.job_views.push(ViewChange::Due(id.to_owned(), None));
+        self.undo.push(Undo::Unpromoted {
+            id: id.to_owned(),
+            promotion: promotion.clone(),
+        });
+        Some(promotion)
+    }
+
+    fn restore_promotion(&mut self, id: String, promotion: Promotion) {
+        self.dues
+            .entry(promotion.queue.clone())
+            .or_default()
+            .set
+            .insert(promotion.key, id.clone());
+        self.promoted.insert(id, promotion);
+    }
+
     // ---- leases ----
 
     /// Lease the candidate `key` of `queue` (its row is message `id`).
     pub fn lease(&mut self, id: &str, key: Key, lease: MemLease) {
-        self.drop_candidate(&lease.queue, &key);
+        if lease.promoted_at.is_some() {
+            // Its promotion goes with it: readers see the lease now (`overlay`).
+            if let Some(p) = self.promoted.remove(id) {
+                if let Some(d) = self.dues.get_mut(&p.queue) {
+                    d.set.remove(&p.key);
+                }
+            }
+            self.job_views.push(ViewChange::Due(id.to_owned(), None));
+        } else {
+            self.drop_candidate(&lease.queue, &key);
+        }
         self.undo.push(Undo::Leased {
             id: id.to_owned(),
             key,
@@ -326,7 +563,8 @@ impl Hot {
     }
 
     fn insert(&mut self, id: &str, lease: MemLease) {
-        self.job_views.push((id.to_owned(), Some(lease.view())));
+        self.job_views
+            .push(ViewChange::Lease(id.to_owned(), Some(lease.view())));
         self.seqs.insert(lease.seq);
         self.by_expiry.insert((lease.expires_at, id.to_owned()));
         self.leases.insert(id.to_owned(), lease);
@@ -336,7 +574,7 @@ impl Hot {
         let lease = self.leases.remove(id)?;
         self.seqs.remove(&lease.seq);
         self.by_expiry.remove(&(lease.expires_at, id.to_owned()));
-        self.job_views.push((id.to_owned(), None));
+        self.job_views.push(ViewChange::Lease(id.to_owned(), None));
         Some(lease)
     }
 
@@ -388,10 +626,35 @@ impl Hot {
                 Undo::Leased { id, key } => {
                     if let Some(lease) = self.leases.remove(&id) {
                         self.seqs.remove(&lease.seq);
-                        self.by_expiry.remove(&(lease.expires_at, id));
-                        if let Some(w) = self.windows.get_mut(&lease.queue) {
-                            w.insert(key);
+                        self.by_expiry.remove(&(lease.expires_at, id.clone()));
+                        match lease.promoted_at {
+                            Some(at) => self.restore_promotion(
+                                id,
+                                Promotion {
+                                    queue: lease.queue,
+                                    key,
+                                    at,
+                                },
+                            ),
+                            None => {
+                                if let Some(w) = self.windows.get_mut(&lease.queue) {
+                                    w.insert(key);
+                                }
+                            }
                         }
+                    }
+                }
+                Undo::Promoted { id } => {
+                    if let Some(p) = self.promoted.remove(&id) {
+                        if let Some(d) = self.dues.get_mut(&p.queue) {
+                            d.set.remove(&p.key);
+                        }
+                    }
+                }
+                Undo::Unpromoted { id, promotion } => self.restore_promotion(id, promotion),
+                Undo::Upto { queue, before } => {
+                    if let Some(d) = self.dues.get_mut(&queue) {
+                        d.upto = before;
                     }
                 }
                 Undo::Ended { id, lease } => {
@@ -417,13 +680,19 @@ impl Hot {
         }
         let changes = std::mem::take(&mut self.batch_views);
         if let Ok(mut views) = self.views.lock() {
-            for (id, v) in changes {
-                match v {
-                    Some(v) => {
-                        views.insert(id, v);
+            for change in changes {
+                match change {
+                    ViewChange::Lease(id, Some(v)) => {
+                        views.leases.insert(id, v);
                     }
-                    None => {
-                        views.remove(&id);
+                    ViewChange::Lease(id, None) => {
+                        views.leases.remove(&id);
+                    }
+                    ViewChange::Due(id, Some(v)) => {
+                        views.due.insert(id, v);
+                    }
+                    ViewChange::Due(id, None) => {
+                        views.due.remove(&id);
                     }
                 }
             }
@@ -433,6 +702,16 @@ impl Hot {
     /// The batch failed: its changes are not published (the store is poisoned).
     pub fn batch_aborted(&mut self) {
         self.batch_views.clear();
+    }
+}
+
+/// What readers see of `promotion` (its row's seq and due time are its key's).
+pub fn due_view(promotion: &Promotion) -> DueView {
+    DueView {
+        seq: promotion.key.seq,
+        queue: promotion.queue.clone(),
+        due_at: promotion.key.due_at,
+        at: promotion.at,
     }
 }
 
@@ -551,6 +830,7 @@ mod tests {
             attempt: 1,
             leased_at: 1,
             expires_at: 100,
+            promoted_at: None,
         };
         hot.lease("m1", k(0, 1, 1), lease.clone());
         assert_eq!(hot.get("m1"), Some(&lease));
@@ -570,7 +850,7 @@ mod tests {
         );
         assert_eq!(hot.expired(150, 10), vec!["m1".to_owned()]);
         hot.batch_committed();
-        assert_eq!(hot.views.lock().unwrap()["m1"].expires_at, 100);
+        assert_eq!(hot.views.lock().unwrap().leases["m1"].expires_at, 100);
     }
 
     #[test]
@@ -595,6 +875,7 @@ mod tests {
             attempt: 2,
             leased_at: 5,
             expires_at: 9,
+            promoted: false,
         };
         assert!(
             !overlay(&mut row.clone(), &view),

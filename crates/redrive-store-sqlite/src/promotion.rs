@@ -15,9 +15,11 @@
 //! when it is unknown). It holds one entry per queue with scheduled messages and
 //! forgets a queue when it has none left.
 
+use crate::hot::{Hot, Key};
 use crate::sql_error::SqlResultExt;
+use redrive_core::Timestamp;
 use redrive_storage::StoreError;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// At most this many scheduled messages become ready in one tick: a commit of
@@ -82,12 +84,18 @@ impl DueQueues {
         }
     }
 
-    /// Read the earliest due time of `queue` (one seek on `ix_scheduled`).
-    fn refresh(&mut self, conn: &Connection, queue: &str) -> Result<(), StoreError> {
+    /// Read the earliest due time of `queue` (one seek on `ix_scheduled`), past the rows
+    /// promoted in memory (`hot.rs`: they are `scheduled` on disk, and held).
+    fn refresh(&mut self, conn: &Connection, hot: &Hot, queue: &str) -> Result<(), StoreError> {
+        let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
         let earliest: Option<i64> = conn
-            .prepare_cached("SELECT MIN(due_at) FROM messages WHERE queue = ?1 AND state = 0")
+            .prepare_cached(
+                "SELECT due_at FROM messages WHERE queue = ?1 AND state = 0 \
+                 AND due_at >= ?2 AND (due_at > ?2 OR seq > ?3) ORDER BY due_at, seq LIMIT 1",
+            )
             .db()?
-            .query_row([queue], |r| r.get(0))
+            .query_row(params![queue, after_due, after_seq], |r| r.get(0))
+            .optional()
             .db()?;
         self.set(queue, earliest);
         if !self.read_uncommitted.contains(queue) {
@@ -97,9 +105,9 @@ impl DueQueues {
     }
 
     /// Read the earliest due time of every queue in `unknown`.
-    pub fn resolve(&mut self, conn: &Connection) -> Result<(), StoreError> {
+    pub fn resolve(&mut self, conn: &Connection, hot: &Hot) -> Result<(), StoreError> {
         for queue in std::mem::take(&mut self.unknown) {
-            self.refresh(conn, &queue)?;
+            self.refresh(conn, hot, &queue)?;
         }
         Ok(())
     }
@@ -107,10 +115,10 @@ impl DueQueues {
     /// The earliest due time of all queues, exact: the earliest lower bound is read
     /// again until reading does not change it (each stale entry is corrected once;
     /// usually this is one index seek).
-    pub fn earliest(&mut self, conn: &Connection) -> Result<Option<i64>, StoreError> {
-        self.resolve(conn)?;
+    pub fn earliest(&mut self, conn: &Connection, hot: &Hot) -> Result<Option<i64>, StoreError> {
+        self.resolve(conn, hot)?;
         while let Some((t, queue)) = self.by_time.first().cloned() {
-            self.refresh(conn, &queue)?;
+            self.refresh(conn, hot, &queue)?;
             if self.known.get(&queue) == Some(&t) {
                 return Ok(Some(t));
             }
@@ -135,19 +143,25 @@ pub struct Promoted {
     pub per_queue: Vec<(String, usize)>,
     /// Whether messages due at `t` are left (the limit was reached).
     pub more: bool,
-    /// The messages made ready, per queue share: their places in claim order (`hot.rs`).
-    pub made_ready: Vec<(String, Vec<crate::hot::Key>)>,
+    /// The messages made ready on disk, per queue share: their places in claim order
+    /// (`hot.rs`; those promoted in memory are placed there already).
+    pub made_ready: Vec<(String, Vec<Key>)>,
 }
 
 /// Promote the scheduled messages due at `t`, at most [`TICK_PROMOTE_LIMIT`], shared
-/// fairly among the queues that have some.
+/// fairly among the queues that have some. On a queue `in_memory` says yes to (leases
+/// held in memory, `hot.rs`) a promotion writes nothing: the rows are held in `hot` as
+/// ready, up to [`crate::hot::DUE_MAX`] of them; past that, and on other queues, the
+/// rows are written `ready`.
 pub fn promote(
     conn: &Connection,
     due: &mut DueQueues,
+    hot: &mut Hot,
+    in_memory: &dyn Fn(&str) -> bool,
     t: i64,
     limit: usize,
 ) -> Result<Promoted, StoreError> {
-    due.resolve(conn)?;
+    due.resolve(conn, hot)?;
     let mut queues = due.due(t);
     if queues.len() > limit {
         let start = due.rotation % queues.len();
@@ -168,27 +182,17 @@ pub fn promote(
                 break;
             }
             let share = left.div_ceil(count - i);
-            let keys: Vec<crate::hot::Key> = conn
-                .prepare_cached(
-                    "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
-                     (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
-                      ORDER BY due_at LIMIT ?3) RETURNING seq, priority, due_at",
-                )
-                .db()?
-                .query_map(params![t, queue, share as i64], |r| {
-                    let due: Option<i64> = r.get(2)?;
-                    Ok(crate::hot::Key::of(
-                        r.get(1)?,
-                        due.map(redrive_core::Timestamp::from_millis),
-                        r.get(0)?,
-                    ))
-                })
-                .db()?
-                .collect::<Result<_, _>>()
-                .db()?;
-            let n = keys.len();
-            if n > 0 {
-                made_ready.push((queue.clone(), keys));
+            let memory = in_memory(&queue);
+            let mut n = 0;
+            if memory {
+                n = promote_in_memory(conn, hot, &queue, t, share)?;
+            }
+            if n < share && (!memory || hot.promotion_room(&queue, 1) == 0) {
+                let keys = promote_on_disk(conn, hot, &queue, t, share - n)?;
+                n += keys.len();
+                if !keys.is_empty() {
+                    made_ready.push((queue.clone(), keys));
+                }
             }
             left -= n.min(left);
             if n > 0 {
@@ -204,13 +208,82 @@ pub fn promote(
         active = saturated;
     }
     for (queue, _) in &per_queue {
-        due.refresh(conn, queue)?;
+        due.refresh(conn, hot, queue)?;
     }
     Ok(Promoted {
         per_queue,
         made_ready,
-        more: due.earliest(conn)?.is_some_and(|e| e <= t),
+        more: due.earliest(conn, hot)?.is_some_and(|e| e <= t),
     })
+}
+
+/// Promote up to `share` due rows of `queue` in memory, as far as it has room, the first
+/// after those held already: returns how many.
+fn promote_in_memory(
+    conn: &Connection,
+    hot: &mut Hot,
+    queue: &str,
+    t: i64,
+    share: usize,
+) -> Result<usize, StoreError> {
+    let room = hot.promotion_room(queue, share);
+    if room == 0 {
+        return Ok(0);
+    }
+    let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
+    let rows: Vec<(i64, String, u8, i64)> = conn
+        .prepare_cached(
+            "SELECT seq, id, priority, due_at FROM messages WHERE queue = ?1 AND state = 0 \
+             AND due_at <= ?2 AND due_at >= ?3 AND (due_at > ?3 OR seq > ?4) \
+             ORDER BY due_at, seq LIMIT ?5",
+        )
+        .db()?
+        .query_map(params![queue, t, after_due, after_seq, room as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .db()?
+        .collect::<Result<_, _>>()
+        .db()?;
+    let Some(&(last_seq, _, _, last_due)) = rows.last() else {
+        return Ok(0);
+    };
+    let n = rows.len();
+    for (seq, id, priority, due_at) in rows {
+        let key = Key::of(priority, Some(Timestamp::from_millis(due_at)), seq);
+        hot.promote(&id, queue, key, t);
+    }
+    hot.hold_upto(queue, (last_due, last_seq));
+    Ok(n)
+}
+
+/// Write up to `share` due rows of `queue` `ready`, the first after those held in memory:
+/// their places in claim order.
+fn promote_on_disk(
+    conn: &Connection,
+    hot: &Hot,
+    queue: &str,
+    t: i64,
+    share: usize,
+) -> Result<Vec<Key>, StoreError> {
+    let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
+    conn.prepare_cached(
+        "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
+         (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
+          AND due_at >= ?4 AND (due_at > ?4 OR seq > ?5) ORDER BY due_at, seq LIMIT ?3) \
+         RETURNING seq, priority, due_at",
+    )
+    .db()?
+    .query_map(params![t, queue, share as i64, after_due, after_seq], |r| {
+        let due: Option<i64> = r.get(2)?;
+        Ok(Key::of(
+            r.get(1)?,
+            due.map(Timestamp::from_millis),
+            r.get(0)?,
+        ))
+    })
+    .db()?
+    .collect::<Result<_, _>>()
+    .db()
 }
 
 #[cfg(test)]
@@ -222,7 +295,7 @@ mod tests {
     fn db() -> Connection {
         let conn = Connection::open_in_memory().expect("open");
         conn.execute_batch(
-            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, state INTEGER NOT NULL, priority INTEGER NOT NULL DEFAULT 0, \
+            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, id TEXT, queue TEXT NOT NULL, state INTEGER NOT NULL, priority INTEGER NOT NULL DEFAULT 0, \
              due_at INTEGER, updated_at INTEGER);
              CREATE INDEX ix_scheduled ON messages(queue, due_at) WHERE state = 0;",
         )
@@ -233,7 +306,8 @@ mod tests {
     fn schedule(conn: &Connection, queue: &str, due_at: i64, n: usize) {
         for _ in 0..n {
             conn.execute(
-                "INSERT INTO messages (queue, state, due_at, updated_at) VALUES (?1, 0, ?2, 0)",
+                "INSERT INTO messages (id, queue, state, due_at, updated_at) \
+                 VALUES ('m' || (SELECT count(*) FROM messages), ?1, 0, ?2, 0)",
                 params![queue, due_at],
             )
             .expect("insert");
@@ -256,7 +330,7 @@ mod tests {
         schedule(&conn, "b", 20, 100);
         schedule(&conn, "c", 30, 100);
         let mut due = DueQueues::new(["a", "b", "c"].map(String::from));
-        let p = promote(&conn, &mut due, 100, 9).expect("promote");
+        let p = promote(&conn, &mut due, &mut Hot::new(), &|_| false, 100, 9).expect("promote");
         // a takes its 1 of a 3 share; b gets ceil(8 / 2) = 4, c the 4 left.
         assert_eq!(
             p.per_queue,
@@ -272,7 +346,7 @@ mod tests {
         schedule(&conn, "flooded", 10, 100);
         schedule(&conn, "quiet", 20, 1);
         let mut due = DueQueues::new(["flooded", "quiet"].map(String::from));
-        let p = promote(&conn, &mut due, 100, 10).expect("promote");
+        let p = promote(&conn, &mut due, &mut Hot::new(), &|_| false, 100, 10).expect("promote");
         assert_eq!(
             p.per_queue,
             vec![("flooded".into(), 9), ("quiet".into(), 1)]
@@ -289,7 +363,7 @@ mod tests {
         let mut due = DueQueues::new(["a", "b", "c", "d", "e"].map(String::from));
         let mut served = Vec::new();
         for _ in 0..5 {
-            let p = promote(&conn, &mut due, 100, 2).expect("promote");
+            let p = promote(&conn, &mut due, &mut Hot::new(), &|_| false, 100, 2).expect("promote");
             served.extend(p.per_queue.into_iter().map(|(q, n)| {
                 assert_eq!(n, 1);
                 q
@@ -304,11 +378,14 @@ mod tests {
         let conn = db();
         schedule(&conn, "a", 10, 2);
         let mut due = DueQueues::new(["a".to_owned(), "gone".to_owned()]);
-        assert_eq!(due.earliest(&conn).expect("earliest"), Some(10));
-        let p = promote(&conn, &mut due, 10, 100).expect("promote");
+        assert_eq!(
+            due.earliest(&conn, &Hot::new()).expect("earliest"),
+            Some(10)
+        );
+        let p = promote(&conn, &mut due, &mut Hot::new(), &|_| false, 10, 100).expect("promote");
         assert_eq!(p.per_queue, vec![("a".into(), 2)]);
         assert!(!p.more);
-        assert_eq!(due.earliest(&conn).expect("earliest"), None);
+        assert_eq!(due.earliest(&conn, &Hot::new()).expect("earliest"), None);
         assert!(due.known.is_empty() && due.by_time.is_empty() && due.unknown.is_empty());
     }
 
@@ -322,10 +399,66 @@ mod tests {
         let mut due = DueQueues::new(["a".to_owned()]);
         due.committed();
         conn.execute_batch("BEGIN").expect("begin");
-        let p = promote(&conn, &mut due, 20, 100).expect("promote");
+        let p = promote(&conn, &mut due, &mut Hot::new(), &|_| false, 20, 100).expect("promote");
         assert_eq!(p.per_queue, vec![("a".into(), 1)]);
         conn.execute_batch("ROLLBACK").expect("rollback");
         due.rolled_back();
-        assert_eq!(due.earliest(&conn).expect("earliest"), Some(10));
+        assert_eq!(
+            due.earliest(&conn, &Hot::new()).expect("earliest"),
+            Some(10)
+        );
+    }
+
+    /// On a queue whose leases are held in memory the tick writes nothing, up to the bound;
+    /// past it the rest is written `ready`. The queue's next due time is read past the rows
+    /// held, so they wake nothing.
+    #[test]
+    fn promotion_in_memory_writes_nothing_up_to_its_bound() {
+        let conn = db();
+        let max = crate::hot::DUE_MAX;
+        schedule(&conn, "a", 10, max + 5);
+        schedule(&conn, "a", 50, 1);
+        let mut due = DueQueues::new(["a".to_owned()]);
+        let mut hot = Hot::new();
+        let p = promote(&conn, &mut due, &mut hot, &|_| true, 20, 10_000).expect("promote");
+        assert_eq!(p.per_queue, vec![("a".into(), max + 5)]);
+        assert_eq!(ready(&conn, "a"), 5, "past the bound: written");
+        let on_disk: usize = p.made_ready.iter().map(|(_, k)| k.len()).sum();
+        assert_eq!(on_disk, 5);
+        assert_eq!(hot.promotion_room("a", 1), 0);
+        assert!(hot.promotion("m0").is_some(), "the earliest are held");
+        assert!(!p.more);
+        assert_eq!(
+            due.earliest(&conn, &hot).expect("earliest"),
+            Some(50),
+            "the rows held are not due again"
+        );
+        let p = promote(&conn, &mut due, &mut hot, &|_| true, 30, 10_000).expect("promote");
+        assert!(p.per_queue.is_empty(), "nothing promoted twice");
+        // Leased elsewhere: room again, and the next due row is held, not written.
+        hot.unpromote("m0");
+        let p = promote(&conn, &mut due, &mut hot, &|_| true, 50, 10_000).expect("promote");
+        assert_eq!(p.per_queue, vec![("a".into(), 1)]);
+        assert!(p.made_ready.is_empty());
+        assert_eq!(ready(&conn, "a"), 5);
+        assert_eq!(due.earliest(&conn, &hot).expect("earliest"), None);
+    }
+
+    /// A rolled-back tick takes its promotions in memory back, and how far they went.
+    #[test]
+    fn a_rolled_back_promotion_in_memory_is_taken_back() {
+        let conn = db();
+        schedule(&conn, "a", 10, 3);
+        let mut due = DueQueues::new(["a".to_owned()]);
+        let mut hot = Hot::new();
+        promote(&conn, &mut due, &mut hot, &|_| true, 20, 100).expect("promote");
+        assert!(hot.promotion("m2").is_some());
+        hot.rollback_job();
+        due.rolled_back();
+        assert!(hot.promotion("m0").is_none() && hot.promotion("m2").is_none());
+        assert_eq!(hot.held_upto("a"), None);
+        assert_eq!(due.earliest(&conn, &hot).expect("earliest"), Some(10));
+        let p = promote(&conn, &mut due, &mut hot, &|_| true, 20, 100).expect("promote");
+        assert_eq!(p.per_queue, vec![("a".into(), 3)]);
     }
 }

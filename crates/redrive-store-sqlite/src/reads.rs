@@ -1,6 +1,6 @@
 //! Reads: a pool of read-only connections, and the queries operators run.
 
-use crate::hot::{self, LeaseView, Views};
+use crate::hot::{self, DueView, LeaseView, Views};
 use crate::row::Row;
 use crate::schema::{columns, COLUMNS};
 use crate::sql_error::SqlResultExt;
@@ -127,50 +127,86 @@ pub fn next_lease_expiry(conn: &Connection) -> Result<Option<i64>, StoreError> {
     Ok(v)
 }
 
-/// The leases held in memory as a read sees them, taken *before* it reads rows: a row
-/// read after a later commit is newer than the view, and [`hot::overlay`] then leaves it
-/// alone (it applies only to a row as it was before its lease).
+/// The leases and the promotions held in memory as a read sees them, taken *before* it
+/// reads rows: a row read after a later commit is newer than the view, and
+/// [`hot::overlay`] / [`hot::overlay_due`] then leave it alone (each applies only to a row
+/// as it was before its lease or promotion).
 pub struct Held {
     views: HashMap<String, LeaseView>,
+    due: HashMap<String, DueView>,
 }
 
 impl Held {
     pub fn of(views: &Views) -> Self {
-        Self {
-            views: views.lock().map(|v| v.clone()).unwrap_or_default(),
+        match views.lock() {
+            Ok(v) => Self {
+                views: v.leases.clone(),
+                due: v.due.clone(),
+            },
+            Err(_) => Self {
+                views: HashMap::new(),
+                due: HashMap::new(),
+            },
         }
     }
 
     /// The view of one message only.
     pub fn one(views: &Views, id: &str) -> Self {
-        let views = views
-            .lock()
-            .ok()
-            .and_then(|v| v.get(id).cloned())
-            .map(|v| HashMap::from([(id.to_owned(), v)]))
-            .unwrap_or_default();
-        Self { views }
+        let mut held = Self {
+            views: HashMap::new(),
+            due: HashMap::new(),
+        };
+        if let Ok(v) = views.lock() {
+            if let Some(l) = v.leases.get(id) {
+                held.views.insert(id.to_owned(), l.clone());
+            }
+            if let Some(d) = v.due.get(id) {
+                held.due.insert(id.to_owned(), d.clone());
+            }
+        }
+        held
     }
 
-    /// `row` as its lease held in memory made it, if it has one.
+    /// `row` as its lease or promotion held in memory made it, if it has one.
     pub fn apply(&self, row: &mut Row) {
         if let Some(v) = self.views.get(&row.id) {
-            hot::overlay(row, v);
+            if hot::overlay(row, v) {
+                return;
+            }
+        }
+        if let Some(d) = self.due.get(&row.id) {
+            hot::overlay_due(row, d);
         }
     }
 
     /// The rows leased in memory, as an SQL list of their `seq` (integers only).
     fn seq_list(&self) -> Option<String> {
-        if self.views.is_empty() {
-            return None;
-        }
-        let list: Vec<String> = self.views.values().map(|v| v.seq.to_string()).collect();
-        Some(list.join(","))
+        list(self.views.values().map(|v| v.seq))
+    }
+
+    /// The rows promoted in memory (not leased), as an SQL list of their `seq`.
+    fn due_list(&self) -> Option<String> {
+        list(self.due.values().map(|d| d.seq))
     }
 
     fn seqs(&self) -> HashSet<i64> {
         self.views.values().map(|v| v.seq).collect()
     }
+
+    /// The earliest due time of `queue`'s rows promoted in memory (not leased).
+    fn oldest_promoted(&self, queue: &str) -> Option<i64> {
+        self.due
+            .values()
+            .filter(|d| d.queue == queue)
+            .map(|d| d.due_at)
+            .min()
+    }
+}
+
+/// `seqs` as an SQL list (integers only); `None` when empty.
+fn list(seqs: impl Iterator<Item = i64>) -> Option<String> {
+    let list: Vec<String> = seqs.map(|s| s.to_string()).collect();
+    (!list.is_empty()).then(|| list.join(","))
 }
 
 pub fn get(conn: &Connection, id: &MessageId, held: &Held) -> Result<Option<Message>, StoreError> {
@@ -250,8 +286,10 @@ pub fn idempotency_keys(
 /// The `WHERE` conditions of `filter` (joined with `AND`, none when empty) and their
 /// arguments, shared by [`search`] and [`count`].
 ///
-/// A row leased in memory is `ready` on disk: a filter on `ready` leaves it out, one on
-/// `leased` takes it in (by its `seq`, from `held`).
+/// A row leased in memory is `ready` on disk (or `scheduled`, if it was promoted in
+/// memory): a filter on `ready` leaves it out, one on `leased` takes it in (by its `seq`,
+/// from `held`). A row promoted in memory and not leased is `scheduled` on disk: a filter
+/// on `ready` takes it in, one on `scheduled` leaves it out.
 fn conditions(filter: &MessageFilter, held: &Held) -> (Vec<String>, Vec<Value>) {
     let mut clauses: Vec<&str> = Vec::new();
     let mut args: Vec<Value> = Vec::new();
@@ -264,10 +302,29 @@ fn conditions(filter: &MessageFilter, held: &Held) -> (Vec<String>, Vec<Value>) 
     // literally implies the index's.
     let state_clause;
     if let Some(s) = filter.state {
-        state_clause = match (s, held.seq_list()) {
-            (State::Ready, Some(seqs)) => format!("state = 1 AND seq NOT IN ({seqs})"),
-            (State::Leased, Some(seqs)) => {
-                format!("(state = 2 OR (state = 1 AND seq IN ({seqs})))")
+        let (leased, due) = (held.seq_list(), held.due_list());
+        state_clause = match (s, leased, due) {
+            (State::Ready, None, None)
+            | (State::Leased, None, _)
+            | (State::Scheduled, None, None) => {
+                format!("state = {}", s.code())
+            }
+            (State::Ready, leased, due) => {
+                let ready = match due {
+                    Some(due) => format!("(state = 1 OR (state = 0 AND seq IN ({due})))"),
+                    None => "state = 1".to_owned(),
+                };
+                match leased {
+                    Some(leased) => format!("{ready} AND seq NOT IN ({leased})"),
+                    None => ready,
+                }
+            }
+            (State::Leased, Some(leased), _) => {
+                format!("(state = 2 OR (state IN (0, 1) AND seq IN ({leased})))")
+            }
+            (State::Scheduled, leased, due) => {
+                let held: Vec<String> = leased.into_iter().chain(due).collect();
+                format!("state = 0 AND seq NOT IN ({})", held.join(","))
             }
             _ => format!("state = {}", s.code()),
         };
@@ -402,6 +459,7 @@ pub fn queue_stats(
     held: &Held,
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
+    let promoted = held;
     let held = held.seqs();
     // With leases held in memory, the oldest ready row may be one of them: walk the
     // priority's rows in due order past them (as many as there are, at most).
@@ -443,7 +501,8 @@ pub fn queue_stats(
                 }
             }
             let v: Option<i64> = blocked.query_row([&queue], |r| r.get(0)).db()?;
-            if let Some(v) = v {
+            // Promoted in memory: `scheduled` on disk, so not in `ix_ready`.
+            for v in [v, promoted.oldest_promoted(&queue)].into_iter().flatten() {
                 oldest = Some(oldest.map_or(v, |o| o.min(v)));
             }
         }

@@ -145,6 +145,9 @@ pub struct WriterState {
     due: DueQueues,
     /// The leases held in memory, and the ready rows they are taken from (`hot.rs`).
     pub hot: Hot,
+    /// Queues where a transition other than the tick promoted a row in memory (a row
+    /// scheduled behind the rows held there): the next tick names them ready.
+    promoted_elsewhere: Vec<String>,
 }
 
 impl WriterState {
@@ -180,13 +183,14 @@ impl WriterState {
             batch_wake: None,
             due: DueQueues::new(scheduled),
             hot: Hot::new(),
+            promoted_elsewhere: Vec::new(),
         }
     }
 
     /// The earliest scheduled due time or lease expiry, ms: at open and after a tick.
     pub fn next_wake(&mut self) -> Result<Option<i64>, StoreError> {
         Ok([
-            self.due.earliest(&self.conn)?,
+            self.due.earliest(&self.conn, &self.hot)?,
             crate::reads::next_lease_expiry(&self.conn)?,
             self.hot.next_expiry(),
         ]
@@ -278,13 +282,37 @@ impl WriterState {
         }
     }
 
-    /// A scheduled message wakes the scheduler at its due time.
-    fn wake_if_scheduled(&mut self, life: &Lifecycle) {
-        if life.state == State::Scheduled {
-            if let Some(d) = life.due_at {
-                self.wake_at(d.as_millis());
-            }
+    /// A scheduled message wakes the scheduler at its due time. One scheduled where its
+    /// queue's rows are held in memory (`hot.rs`: due already, as a request's clock may
+    /// be behind the tick's) is promoted there at once, as the tick would have: the
+    /// tick's scan starts after the rows held.
+    fn wake_if_scheduled(&mut self, row: &Row) -> Result<(), StoreError> {
+        let life = &row.life;
+        if life.state != State::Scheduled {
+            return Ok(());
         }
+        let Some(d) = life.due_at else {
+            return Ok(());
+        };
+        self.wake_at(d.as_millis());
+        let key = Key::of_row(row);
+        if !self.leases_in_memory(&row.queue) || !self.hot.behind_hold(&row.queue, &key) {
+            return Ok(());
+        }
+        self.moved(&row.queue, Some(State::Scheduled), Some(State::Ready));
+        if self.hot.promotion_room(&row.queue, 1) > 0 {
+            self.hot
+                .promote(&row.id, &row.queue, key, life.updated_at.as_millis());
+        } else {
+            self.conn
+                .prepare_cached("UPDATE messages SET state = 1 WHERE seq = ?1 AND state = 0")
+                .db()?
+                .execute([row.seq])
+                .db()?;
+            self.hot.made_ready(&row.queue, key);
+        }
+        self.promoted_elsewhere.push(row.queue.clone());
+        Ok(())
     }
 
     fn wake_at(&mut self, at: i64) {
@@ -306,7 +334,25 @@ impl WriterState {
     /// Write the lease of `id` held in memory (if any) into its row, as the lease statement
     /// would have: the row is then a leased row like any other, and the lease is no longer
     /// here.
+    ///
+    /// A row promoted in memory and not leased is written `ready`, as the tick's promotion
+    /// on disk would have, and becomes a candidate of its queue's window.
     fn materialize(&mut self, id: &str) -> Result<(), StoreError> {
+        if let Some(p) = self.hot.unpromote(id) {
+            let n = self
+                .conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 1, updated_at = ?2 WHERE seq = ?1 AND state = 0",
+                )
+                .db()?
+                .execute(params![p.key.seq(), p.at])
+                .db()?;
+            if n != 1 {
+                return Err(lease_lost(id));
+            }
+            self.hot.place(&p.queue, p.key);
+            return Ok(());
+        }
         let Some(lease) = self.hot.end(id) else {
             return Ok(());
         };
@@ -315,7 +361,7 @@ impl WriterState {
             .prepare_cached(
                 "UPDATE messages SET state = 2, attempts = ?2, lease_token = ?3, leased_at = ?4, \
                  lease_expires_at = ?5, lease_end = NULL, updated_at = ?4 \
-                 WHERE seq = ?1 AND state = 1 AND attempts = ?2 - 1",
+                 WHERE seq = ?1 AND state = ?6 AND attempts = ?2 - 1",
             )
             .db()?
             .execute(params![
@@ -323,7 +369,8 @@ impl WriterState {
                 lease.attempt,
                 lease.token,
                 lease.leased_at,
-                lease.expires_at
+                lease.expires_at,
+                lease.disk_state().code(),
             ])
             .db()?;
         if n != 1 {
@@ -354,14 +401,18 @@ impl WriterState {
     /// index.
     fn row_seen(&self, id: &MessageId) -> Result<Row, StoreError> {
         let key = id.to_string();
-        let Some(lease) = self.hot.get(&key) else {
-            return self.stored_row(id);
-        };
-        let mut row = self
-            .stored_row_at(lease.seq)?
-            .filter(|r| r.id == key)
-            .ok_or(StoreError::NotFound(key))?;
-        hot::overlay(&mut row, &lease.view());
+        if let Some(lease) = self.hot.get(&key) {
+            let mut row = self
+                .stored_row_at(lease.seq)?
+                .filter(|r| r.id == key)
+                .ok_or(StoreError::NotFound(key))?;
+            hot::overlay(&mut row, &lease.view());
+            return Ok(row);
+        }
+        let mut row = self.stored_row(id)?;
+        if let Some(p) = self.hot.promotion(&key) {
+            hot::overlay_due(&mut row, &hot::due_view(p));
+        }
         Ok(row)
     }
 
@@ -561,7 +612,7 @@ impl WriterState {
             }
             self.moved(&row.queue, None, Some(row.life.state));
             self.place_ready(&row);
-            self.wake_if_scheduled(&row.life);
+            self.wake_if_scheduled(&row)?;
             let message =
                 row.to_message(Some(&history_json), Some(std::mem::take(&mut item.payload)))?;
             let failure = match failure_outcome {
@@ -667,7 +718,7 @@ impl WriterState {
                  history = redrive_history_append(history, ?11), lease_end = ?12, \
                  attempts = coalesce(?13, attempts), lease_token = coalesce(?14, lease_token), \
                  leased_at = coalesce(?15, leased_at), lease_expires_at = coalesce(?16, lease_expires_at) \
-                 WHERE seq = ?1 AND (?13 IS NULL OR (state = 1 AND attempts = ?13 - 1))",
+                 WHERE seq = ?1 AND (?13 IS NULL OR (state = ?17 AND attempts = ?13 - 1))",
             ).db()?
             .execute(params![
                 row.seq,
@@ -686,6 +737,7 @@ impl WriterState {
                 held.as_ref().map(|h| h.token.as_str()),
                 held.as_ref().map(|h| h.leased_at),
                 held.as_ref().map(|h| h.expires_at),
+                held.as_ref().map(|h| h.disk_state().code()),
             ]).db()?;
         if held.is_some() {
             if n != 1 {
@@ -696,7 +748,7 @@ impl WriterState {
         self.moved(&row.queue, Some(from), Some(row.life.state));
         self.place_ready(&row);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
-        self.wake_if_scheduled(&row.life);
+        self.wake_if_scheduled(&row)?;
         Ok(FailedRow {
             row,
             class,
@@ -775,21 +827,36 @@ impl WriterState {
         let mut out: Vec<LeasedRow> = Vec::with_capacity(want);
         let mut used = 0u64;
         while out.len() < want {
-            let Some(key) = self.hot.first_candidate(&self.conn, &req.queue)? else {
+            let Some((key, promoted)) = self.hot.first_candidate(&self.conn, &req.queue)? else {
                 break;
             };
-            let Some(mut row) = self.stored_row_at(key.seq())? else {
-                self.hot.drop_candidate(&req.queue, &key);
+            let row = self.stored_row_at(key.seq())?;
+            // A promoted candidate's row is `scheduled` on disk, as the tick found it.
+            let promoted_at = match (&row, promoted) {
+                (Some(r), true) => self
+                    .hot
+                    .promotion(&r.id)
+                    .filter(|p| p.key == key && r.life.state == State::Scheduled)
+                    .map(|p| p.at),
+                _ => None,
+            };
+            let Some(mut row) = row.filter(|r| {
+                r.queue == req.queue
+                    && self.hot.get(&r.id).is_none()
+                    && if promoted {
+                        promoted_at.is_some()
+                    } else {
+                        r.life.state == State::Ready
+                    }
+            }) else {
+                if promoted {
+                    self.hot.drop_promoted(&req.queue, &key);
+                } else {
+                    self.hot.drop_candidate(&req.queue, &key);
+                }
                 continue;
             };
-            if row.life.state != State::Ready
-                || row.queue != req.queue
-                || self.hot.get(&row.id).is_some()
-            {
-                self.hot.drop_candidate(&req.queue, &key);
-                continue;
-            }
-            if Key::of_row(&row) != key {
+            if !promoted && Key::of_row(&row) != key {
                 // Ready at another place than the candidate says: take it from there.
                 self.hot.drop_candidate(&req.queue, &key);
                 self.hot.made_ready(&req.queue, Key::of_row(&row));
@@ -813,6 +880,7 @@ impl WriterState {
                 attempt,
                 leased_at: now.as_millis(),
                 expires_at: expires.as_millis(),
+                promoted_at,
             };
             hot::overlay(&mut row, &lease.view());
             let id = row.id.clone();
@@ -933,7 +1001,7 @@ impl WriterState {
                    ',\"event\":\"' || ?6 || '\"' || coalesce(',\"response\":' || ?5, '') || '}') \
                  WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND id = ?1 AND CASE WHEN ?7 IS NULL \
                    THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
-                   ELSE state = 1 AND attempts = ?7 - 1 END RETURNING ",
+                   ELSE state = ?11 AND attempts = ?7 - 1 END RETURNING ",
                 columns!()
             )).db()?
             .query_row(
@@ -948,6 +1016,7 @@ impl WriterState {
                     held.as_ref().map(|h| h.leased_at),
                     held.as_ref().map(|h| h.expires_at),
                     held.as_ref().map(|h| h.seq),
+                    held.as_ref().map(|h| h.disk_state().code()),
                 ],
                 crate::row::from_sql,
             )
@@ -1071,7 +1140,7 @@ impl WriterState {
                 self.moved(&row.queue, Some(from), Some(row.life.state));
                 self.place_ready(&row);
                 self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
-                self.wake_if_scheduled(&row.life);
+                self.wake_if_scheduled(&row)?;
                 Ok(ReleasedRow::Uncharged(row))
             }
         }
@@ -1238,15 +1307,30 @@ impl WriterState {
 
     pub fn tick(&mut self, now: Timestamp) -> Result<TickOutcome, StoreError> {
         let t = now.as_millis();
-        let promoted =
-            promotion::promote(&self.conn, &mut self.due, t, promotion::TICK_PROMOTE_LIMIT)?;
+        let catalog = Arc::clone(&self.catalog);
+        let in_memory = |q: &str| Mode::of(catalog.get(q)) == Mode::Unordered;
+        let promoted = promotion::promote(
+            &self.conn,
+            &mut self.due,
+            &mut self.hot,
+            &in_memory,
+            t,
+            promotion::TICK_PROMOTE_LIMIT,
+        )?;
         let mut more = promoted.more;
         let mut ready_queues: Vec<String> = Vec::new();
+        for q in std::mem::take(&mut self.promoted_elsewhere) {
+            if !ready_queues.contains(&q) {
+                ready_queues.push(q);
+            }
+        }
         for (q, n) in promoted.per_queue {
             for _ in 0..n {
                 self.moved(&q, Some(State::Scheduled), Some(State::Ready));
             }
-            ready_queues.push(q);
+            if !ready_queues.contains(&q) {
+                ready_queues.push(q);
+            }
         }
         for (q, keys) in promoted.made_ready {
             if self.leases_in_memory(&q) {

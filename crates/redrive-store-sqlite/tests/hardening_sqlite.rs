@@ -337,21 +337,18 @@ async fn store_from_schema_version_1_is_migrated_and_orders_keys() {
 /// (dead too under `block`) and no message of its key is leased.
 ///
 /// A lease of a queue without per-key ordering is held in the store's memory, its row still
-/// `ready` in the file: `held` are those (the messages the store shows leased while the file
-/// says ready), left out of the pick.
-fn oracle_pick(
-    conn: &Connection,
-    settings: &QueueSettings,
-    max: u32,
-    held: &std::collections::HashSet<String>,
-) -> Vec<String> {
+/// `ready` (or `scheduled`) in the file: `held.leased` are those (the messages the store
+/// shows leased while the file does not), left out of the pick. The tick's promotion on
+/// such a queue is held there too, its row still `scheduled` in the file: `held.promoted`
+/// are those (the store shows them ready), taken into the pick.
+fn oracle_pick(conn: &Connection, settings: &QueueSettings, max: u32, held: &Held) -> Vec<String> {
     let blocking = match settings.on_dead {
         OnDead::Skip => "0, 1, 2",
         OnDead::Block => "0, 1, 2, 4",
     };
     let sql = match settings.ordering {
-        Ordering::None => "SELECT id FROM messages WHERE queue = ?1 AND state = 1 \
-                           ORDER BY priority DESC, due_at, seq LIMIT ?2"
+        Ordering::None => "SELECT id FROM messages WHERE queue = ?1 AND state IN (0, 1) \
+                           ORDER BY priority DESC, due_at, seq"
             .to_owned(),
         Ordering::Key => format!(
             "SELECT id FROM messages m WHERE queue = ?1 AND state = 1 AND (msg_key IS NULL OR ( \
@@ -359,41 +356,58 @@ fn oracle_pick(
               AND p.seq < m.seq AND p.state IN ({blocking})) \
              AND NOT EXISTS (SELECT 1 FROM messages l WHERE l.queue = ?1 AND l.msg_key = m.msg_key \
               AND l.state = 2))) \
-             ORDER BY priority DESC, due_at, seq LIMIT ?2"
+             ORDER BY priority DESC, due_at, seq"
         ),
     };
     let ids: Vec<String> = conn
         .prepare(&sql)
         .expect("oracle sql")
-        .query_map(params![Q, max + held.len() as u32], |r| r.get(0))
+        .query_map(params![Q], |r| r.get(0))
         .expect("oracle query")
         .collect::<Result<_, _>>()
         .expect("oracle rows");
     ids.into_iter()
-        .filter(|id| !held.contains(id))
+        .filter(|id| !held.leased.contains(id) && held.ready.contains(id))
         .take(max as usize)
         .collect()
 }
 
-/// The messages the store shows leased whose row in the file is `ready` (their lease is
-/// held in memory: see [`oracle_pick`]).
-async fn held_in_memory(s: &SqliteStore, conn: &Connection) -> std::collections::HashSet<String> {
-    let ready: Vec<String> = conn
-        .prepare("SELECT id FROM messages WHERE queue = ?1 AND state = 1")
+/// What the store holds in memory beside the file: see [`oracle_pick`].
+struct Held {
+    /// Leased in the store, `ready` or `scheduled` in the file.
+    leased: std::collections::HashSet<String>,
+    /// Ready in the store: `ready` in the file, or `scheduled` and promoted in memory.
+    ready: std::collections::HashSet<String>,
+}
+
+/// The messages whose row in the file is `ready` or `scheduled`, as the store shows them
+/// (their leases and promotions held in memory: see [`oracle_pick`]).
+async fn held_in_memory(s: &SqliteStore, conn: &Connection) -> Held {
+    let rows: Vec<(String, u8)> = conn
+        .prepare("SELECT id, state FROM messages WHERE queue = ?1 AND state IN (0, 1)")
         .expect("sql")
-        .query_map([Q], |r| r.get(0))
+        .query_map([Q], |r| Ok((r.get(0)?, r.get(1)?)))
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows");
-    let mut held = std::collections::HashSet::new();
-    for id in ready {
+    let mut held = Held {
+        leased: Default::default(),
+        ready: Default::default(),
+    };
+    for (id, file_state) in rows {
         let m = s
             .get(id.parse().expect("id"))
             .await
             .expect("get")
             .expect("found");
-        if m.state == redrive_core::State::Leased {
-            held.insert(id);
+        match m.state {
+            redrive_core::State::Leased => {
+                held.leased.insert(id);
+            }
+            redrive_core::State::Ready => {
+                held.ready.insert(id);
+            }
+            _ => assert_eq!(file_state, 0, "{id}: ready in the file, not in the store"),
         }
     }
     held

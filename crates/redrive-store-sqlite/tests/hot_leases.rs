@@ -1,6 +1,7 @@
-//! Leases held in memory (`src/hot.rs`): what is on disk, what readers see, and the
-//! window of leasable rows across its refills and its bound.
+//! Leases and promotions held in memory (`src/hot.rs`): what is on disk, what readers
+//! see, and the window of leasable rows across its refills and its bound.
 
+use redrive_core::MessageId;
 use redrive_core::{ErrorClass, Failure, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q};
 use redrive_storage::{MessageFilter, Nack, Store};
@@ -194,5 +195,198 @@ async fn the_window_hands_out_every_message_once_in_claim_order() {
         (9, N as u64),
         "the late high priority goes first"
     );
+    s.close().await;
+}
+
+fn in_state(state: State) -> MessageFilter {
+    MessageFilter {
+        state: Some(state),
+        ..MessageFilter::default()
+    }
+}
+
+/// Publish one message of [`Q`] at `now`, due at `due` (ms).
+async fn publish_due(s: &SqliteStore, n: i64, now: i64, due: i64) -> MessageId {
+    let item = NewMessage {
+        deliver_at: Some(at(due)),
+        ..NewMessage::new(Q, json!({ "n": n }))
+    };
+    s.publish(vec![item], Some(at(now))).await.expect("publish")[0]
+        .message
+        .id
+}
+
+/// The tick's promotion on a queue whose leases are held in memory writes nothing: the row
+/// stays `scheduled` in the file, every read sees it `ready`, and the ack writes it once,
+/// from `scheduled` to `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_message_is_promoted_in_memory_and_every_read_sees_it_ready() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let id = publish_due(&s, 1, 0, 1_000).await;
+    let key = id.to_string();
+    assert_eq!(
+        s.tick(Some(at(999)))
+            .await
+            .expect("tick")
+            .ready_queues
+            .len(),
+        0
+    );
+    let tick = s.tick(Some(at(1_000))).await.expect("tick");
+    assert_eq!(tick.ready_queues, vec![Q.to_owned()]);
+    assert_eq!(
+        tick.next_wake, None,
+        "nothing more is due: no wake for what is held"
+    );
+    assert_eq!(
+        on_disk(dir.path(), &key),
+        (0, 0, None),
+        "scheduled in the file"
+    );
+    let m = s.get(id).await.expect("get").expect("found");
+    assert_eq!(m.state, State::Ready);
+    assert_eq!(m.updated_at, at(1_000));
+    for (state, n) in [(State::Ready, 1), (State::Scheduled, 0), (State::Leased, 0)] {
+        assert_eq!(
+            s.count(in_state(state)).await.expect("count"),
+            n,
+            "{state:?}"
+        );
+        let page = s.search(in_state(state), 10, None).await.expect("search");
+        assert_eq!(page.messages.len() as u64, n, "{state:?}");
+    }
+    let stats = s.queue_stats().await.expect("stats");
+    assert_eq!(stats[0].counts[State::Ready.code() as usize], 1);
+    assert_eq!(stats[0].counts[State::Scheduled.code() as usize], 0);
+    assert_eq!(stats[0].oldest_ready_due, Some(at(1_000)));
+    // A second tick promotes nothing again.
+    let again = s.tick(Some(at(1_500))).await.expect("tick");
+    assert!(again.ready_queues.is_empty());
+    // Leased: still `scheduled` in the file, `leased` to every read.
+    let l = lease(&s, 10, 60_000, 1_500).await;
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].message.id, id);
+    assert_eq!(on_disk(dir.path(), &key), (0, 0, None));
+    assert_eq!(s.count(in_state(State::Leased)).await.expect("count"), 1);
+    assert_eq!(s.count(in_state(State::Ready)).await.expect("count"), 0);
+    assert_eq!(s.count(in_state(State::Scheduled)).await.expect("count"), 0);
+    assert!(lease(&s, 10, 60_000, 1_500).await.is_empty(), "leased once");
+    s.ack(vec![lref(&l[0]).into()], Some(at(1_600)))
+        .await
+        .expect("ack")[0]
+        .as_ref()
+        .expect("acked");
+    assert_eq!(on_disk(dir.path(), &key), (3, 1, Some(l[0].token.clone())));
+    let m = s.get(id).await.expect("get").expect("found");
+    assert_eq!((m.state, m.attempts, m.history.len()), (State::Done, 1, 1));
+    assert_eq!(m.history[0].leased_at, Some(at(1_500)));
+    s.close().await;
+}
+
+/// A restart loses the promotions held in memory and nothing else: the rows are
+/// `scheduled` and due, and the first tick promotes them again. A live lease of a promoted
+/// row is written into its row at the close, as any lease held in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_promotes_again_and_keeps_a_promoted_rows_lease() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let a = publish_due(&s, 1, 0, 1_000).await;
+    let b = publish_due(&s, 2, 0, 1_001).await;
+    s.tick(Some(at(1_001))).await.expect("tick");
+    let l = lease(&s, 1, 60_000, 1_002).await.remove(0);
+    assert_eq!(l.message.id, a);
+    s.close().await;
+    assert_eq!(
+        on_disk(dir.path(), &a.to_string()),
+        (2, 1, Some(l.token.clone()))
+    );
+    assert_eq!(on_disk(dir.path(), &b.to_string()), (0, 0, None));
+    let s = open(dir.path());
+    let m = s.get(b).await.expect("get").expect("found");
+    assert_eq!(m.state, State::Scheduled, "due, not promoted yet");
+    let tick = s.tick(Some(at(1_100))).await.expect("tick");
+    assert_eq!(tick.ready_queues, vec![Q.to_owned()]);
+    let lb = lease(&s, 5, 60_000, 1_100).await;
+    assert_eq!(lb.len(), 1);
+    assert_eq!((lb[0].message.id, lb[0].attempt), (b, 1));
+    s.ack(vec![lref(&l).into(), lref(&lb[0]).into()], Some(at(1_200)))
+        .await
+        .expect("ack")
+        .into_iter()
+        .for_each(|r| {
+            r.expect("acked");
+        });
+    s.close().await;
+}
+
+/// A promoted row's lease that fails is written with its failure from `scheduled`; the
+/// retry is scheduled past the rows held, so the next tick promotes it again. Operator
+/// actions on a promoted row first write its promotion, then act as on any ready row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_row_fails_retries_and_takes_operator_actions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let a = publish_due(&s, 1, 0, 1_000).await;
+    let b = publish_due(&s, 2, 0, 1_000).await;
+    s.tick(Some(at(1_000))).await.expect("tick");
+    let l = lease(&s, 1, 60_000, 1_000).await.remove(0);
+    assert_eq!(l.message.id, a);
+    let nack = Nack {
+        response: None,
+        waited: Vec::new(),
+        lease: lref(&l),
+        failure: Failure::new(ErrorClass::Transient, "down"),
+    };
+    let failed = s.nack(vec![nack], Some(at(1_010))).await.expect("nack");
+    let failed = failed.into_iter().next().expect("one").expect("nacked");
+    assert_eq!(failed.message.state, State::Scheduled);
+    assert_eq!(failed.message.due_at, Some(at(2_010)));
+    assert_eq!(on_disk(dir.path(), &a.to_string()).0, 0);
+    // b is killed while promoted: its promotion is written, then the kill.
+    let killed = s
+        .kill(b, Some("by hand".into()), Some(at(1_020)))
+        .await
+        .expect("kill");
+    assert_eq!(killed.state, State::Dead);
+    assert_eq!(on_disk(dir.path(), &b.to_string()).0, 4);
+    assert!(lease(&s, 5, 60_000, 1_030).await.is_empty());
+    let tick = s.tick(Some(at(2_010))).await.expect("tick");
+    assert_eq!(tick.ready_queues, vec![Q.to_owned()]);
+    let again = lease(&s, 5, 60_000, 2_010).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].message.id, again[0].attempt), (a, 2));
+    // Its lease expires: the tick fails it from `scheduled` on disk.
+    let expired = s.tick(Some(at(70_000))).await.expect("tick");
+    assert_eq!(expired.expired.len(), 1);
+    assert_eq!(expired.expired[0].message.id, a);
+    let m = s.get(a).await.expect("get").expect("found");
+    assert_eq!(m.attempts, 2);
+    assert_ne!(m.state, State::Leased);
+    s.close().await;
+}
+
+/// A message scheduled where its queue's rows are already held (its due time at or before
+/// theirs: the request's clock was behind the tick's) is promoted at once, and the next
+/// tick names its queue ready: it is never left behind the scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_scheduled_behind_the_promoted_ones_is_promoted_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    publish_due(&s, 1, 0, 1_000).await;
+    s.tick(Some(at(1_000))).await.expect("tick");
+    let late = publish_due(&s, 2, 400, 900).await;
+    let m = s.get(late).await.expect("get").expect("found");
+    assert_eq!(
+        m.state,
+        State::Ready,
+        "due before the rows held: ready at once"
+    );
+    let tick = s.tick(Some(at(1_001))).await.expect("tick");
+    assert_eq!(tick.ready_queues, vec![Q.to_owned()]);
+    let got = lease(&s, 5, 60_000, 1_001).await;
+    let ids: Vec<MessageId> = got.iter().map(|l| l.message.id).collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], late, "claim order: the earlier due time first");
     s.close().await;
 }

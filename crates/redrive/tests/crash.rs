@@ -92,6 +92,7 @@ async fn sigterm_under_load_exits_zero_and_loses_nothing() {
         queue: QUEUE.into(),
         ledger: ledger.clone(),
         next,
+        delayed: true,
     };
     let stop = Instant::now() + Duration::from_secs(5);
     let mut tasks = Vec::new();

@@ -105,11 +105,7 @@ async fn fresh_db() -> Option<(Db, mysql_async::Conn)> {
             return None;
         }
     };
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        ^ (u64::from(std::process::id()) << 32);
+    let n = common::unique_number();
     let name = format!("redrive_import_{n:016x}");
     c.query_drop(format!("CREATE DATABASE `{name}`"))
         .await

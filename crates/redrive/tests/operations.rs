@@ -216,6 +216,7 @@ async fn backup_under_load_has_everything_acknowledged_before_it_began() {
         queue: "ops".into(),
         ledger: ledger.clone(),
         next: Arc::new(Mutex::new(0)),
+        delayed: false,
     };
     let stop = Instant::now() + Duration::from_secs(6);
     let mut tasks = Vec::new();

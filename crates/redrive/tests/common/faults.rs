@@ -51,6 +51,7 @@ pub fn new_load(client: &reqwest::Client, node: &Node, ledger: &Arc<Mutex<Ledger
         queue: QUEUE.into(),
         ledger: ledger.clone(),
         next: Arc::new(Mutex::new(0)),
+        delayed: false,
     }
 }
 

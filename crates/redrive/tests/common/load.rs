@@ -40,6 +40,10 @@ pub struct Load {
     pub ledger: Arc<Mutex<Ledger>>,
     /// Next payload number (shared by producers, unique across restarts).
     pub next: Arc<Mutex<u64>>,
+    /// A third of the publishes due 20 ms later: scheduled, then promoted by the tick (on
+    /// the embedded store in memory, the row still `scheduled`) while consumers lease them,
+    /// so a kill also finds messages in those states.
+    pub delayed: bool,
 }
 
 impl Load {
@@ -89,6 +93,7 @@ impl Load {
                 .iter()
                 .map(|n| Publish {
                     idempotency_key: Some(format!("k{n}")),
+                    delay: (self.delayed && n % 3 == 0).then(|| "20ms".to_owned()),
                     ..Publish::new(json!({"n": n}))
                 })
                 .collect();
@@ -227,6 +232,7 @@ pub async fn kill_9_cycles(
         queue: queue.into(),
         ledger: ledger.clone(),
         next: next.clone(),
+        delayed: true,
     };
     let mut rng = SplitMix64::new(0x5eed);
     let mut opened = 0;

@@ -11,6 +11,7 @@ pub mod pg;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub fn free_port() -> u16 {
@@ -165,4 +166,17 @@ pub async fn cluster_view(
         .filter_map(|n| n["node"].as_str().map(str::to_owned))
         .collect();
     Some((live, v["leader"]["node"].as_str().map(str::to_owned)))
+}
+
+/// A number for a test database's or schema's name that no other call makes, in this
+/// process or another one running beside it: the clock's nanoseconds and the process id,
+/// and a count of the calls (two tests of one process may read the same nanoseconds: two
+/// imports once made the same database).
+pub fn unique_number() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    nanos ^ (u64::from(std::process::id()) << 32) ^ (CALLS.fetch_add(1, Ordering::Relaxed) << 56)
 }

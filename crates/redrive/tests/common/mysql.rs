@@ -61,11 +61,7 @@ impl Database {
                 Database(d.trim().to_owned()).drop_now();
             }
         });
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            ^ (u64::from(std::process::id()) << 32);
+        let n = super::unique_number();
         let db = Database(format!("{prefix}_{n:016x}"));
         mysql(&format!("CREATE DATABASE {}", db.0)).expect("CREATE DATABASE");
         db

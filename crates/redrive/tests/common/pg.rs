@@ -43,11 +43,7 @@ impl Schema {
                 Schema(s.trim().to_owned()).drop_now();
             }
         });
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            ^ (u64::from(std::process::id()) << 32);
+        let n = super::unique_number();
         Schema(format!("{prefix}_{n:016x}"))
     }
 
