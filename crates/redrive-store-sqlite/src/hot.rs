@@ -40,7 +40,8 @@
 //!   up to a place in `ix_scheduled` order (due time, seq) is held here ([`DueWindow`]), so
 //!   the tick's scan and the queue's next due time start after it; a row scheduled at or
 //!   before that place (a request whose clock is behind the tick's) is promoted here at once
-//!   (`transitions.rs::wake_if_scheduled`). At most [`DUE_MAX`] unleased rows per queue are
+//!   (`transitions.rs::wake_if_scheduled`; past a second behind, the clock was set back:
+//!   the queue's promotions are written into their rows and nothing is held any more). At most [`DUE_MAX`] unleased rows per queue are
 //!   held; past that the tick writes its promotions as before. The lease of a promoted row
 //!   is a lease held here whose row is `scheduled` ([`MemLease::promoted_at`]): the ack or
 //!   the failure writes the row once, from `scheduled`, instead of twice (promotion, then
@@ -529,6 +530,34 @@ impl Hot {
             promotion: promotion.clone(),
         });
         Some(promotion)
+    }
+
+    /// The messages of `queue` promoted here: the unleased ones, then the leased ones.
+    pub fn promoted_ids(&self, queue: &str) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .dues
+            .get(queue)
+            .map(|d| d.set.values().cloned().collect())
+            .unwrap_or_default();
+        ids.extend(
+            self.leases
+                .iter()
+                .filter(|(_, l)| l.queue == queue && l.promoted_at.is_some())
+                .map(|(id, _)| id.clone()),
+        );
+        ids
+    }
+
+    /// Nothing of `queue` is held any more ([`Self::promoted_ids`] were all written into
+    /// their rows): its tick scans from the start again.
+    pub fn release_hold(&mut self, queue: &str) {
+        if let Some(d) = self.dues.get_mut(queue) {
+            let before = d.upto.take();
+            self.undo.push(Undo::Upto {
+                queue: queue.to_owned(),
+                before,
+            });
+        }
     }
 
     fn restore_promotion(&mut self, id: String, promotion: Promotion) {

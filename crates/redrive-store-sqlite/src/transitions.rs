@@ -283,9 +283,13 @@ impl WriterState {
     }
 
     /// A scheduled message wakes the scheduler at its due time. One scheduled where its
-    /// queue's rows are held in memory (`hot.rs`: due already, as a request's clock may
-    /// be behind the tick's) is promoted there at once, as the tick would have: the
-    /// tick's scan starts after the rows held.
+    /// queue's rows are held in memory (`hot.rs`: the tick's scan starts after them) is due
+    /// by the clock of the tick that held them. When its own request's clock agrees within
+    /// [`BEHIND_HOLD_SKEW_MS`] (the request was stamped a little before that tick: a short
+    /// delay), it is promoted there at once, as the tick would have. Else the clock was set
+    /// back, and it must wait for its due time by the clock of now: the queue's promotions
+    /// and their leases are written into their rows and nothing is held any more, so the
+    /// tick's scan starts from the start.
     fn wake_if_scheduled(&mut self, row: &Row) -> Result<(), StoreError> {
         let life = &row.life;
         if life.state != State::Scheduled {
@@ -297,6 +301,13 @@ impl WriterState {
         self.wake_at(d.as_millis());
         let key = Key::of_row(row);
         if !self.leases_in_memory(&row.queue) || !self.hot.behind_hold(&row.queue, &key) {
+            return Ok(());
+        }
+        if d.as_millis() > life.updated_at.as_millis() + BEHIND_HOLD_SKEW_MS {
+            for id in self.hot.promoted_ids(&row.queue) {
+                self.materialize(&id)?;
+            }
+            self.hot.release_hold(&row.queue);
             return Ok(());
         }
         self.moved(&row.queue, Some(State::Scheduled), Some(State::Ready));
@@ -1470,6 +1481,12 @@ impl WriterState {
         })
     }
 }
+
+/// How far a request's clock may be behind the tick's for a message it schedules behind the
+/// rows held in memory to be promoted at once ([`WriterState::wake_if_scheduled`]): a
+/// request waits in the writer's queue for milliseconds, not for a second. Past it, the clock
+/// was set back, and the message waits for its due time instead.
+const BEHIND_HOLD_SKEW_MS: i64 = 1_000;
 
 /// A lease held in memory whose row is not as the lease left it: nothing else writes a
 /// ready row of an unordered queue without ending its lease first (a defect if seen).

@@ -390,3 +390,63 @@ async fn a_message_scheduled_behind_the_promoted_ones_is_promoted_at_once() {
     assert_eq!(ids[0], late, "claim order: the earlier due time first");
     s.close().await;
 }
+
+/// The clock set back: a message scheduled where its queue's rows are held, but due more
+/// than a second after the clock of its request, is not made ready early. The rows held are written (the
+/// promoted one `ready`, the leased one `leased`), and the tick promotes the new one at its
+/// due time, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_set_back_never_delivers_early() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = open(dir.path());
+    let a = publish_due(&s, 1, 0, 10_000).await;
+    let b = publish_due(&s, 2, 0, 10_000).await;
+    s.tick(Some(at(10_000))).await.expect("tick");
+    let l = lease(&s, 1, 60_000, 10_000).await.remove(0);
+    assert_eq!(l.message.id, a);
+    // The clock goes back to 5,000: due at 7,000, behind the rows held (10,000), and 2 s
+    // after its request's clock.
+    let late = publish_due(&s, 3, 5_000, 7_000).await;
+    assert_eq!(
+        s.get(late).await.expect("get").expect("found").state,
+        State::Scheduled
+    );
+    assert_eq!(
+        on_disk(dir.path(), &a.to_string()).0,
+        2,
+        "the lease written"
+    );
+    assert_eq!(
+        on_disk(dir.path(), &b.to_string()).0,
+        1,
+        "the promotion written"
+    );
+    assert!(s
+        .tick(Some(at(6_900)))
+        .await
+        .expect("tick")
+        .ready_queues
+        .is_empty());
+    let got = lease(&s, 5, 60_000, 6_900).await;
+    assert_eq!(got.len(), 1, "only b: the new one is not due");
+    assert_eq!(got[0].message.id, b);
+    assert_eq!(
+        s.tick(Some(at(7_000))).await.expect("tick").ready_queues,
+        vec![Q.to_owned()]
+    );
+    let got = lease(&s, 5, 60_000, 7_000).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.id, late);
+    assert!(s
+        .tick(Some(at(7_500)))
+        .await
+        .expect("tick")
+        .ready_queues
+        .is_empty());
+    s.ack(vec![lref(&l).into()], Some(at(7_600)))
+        .await
+        .expect("ack")[0]
+        .as_ref()
+        .expect("the lease of before still acks");
+    s.close().await;
+}
