@@ -63,7 +63,7 @@ for round in $(seq 1 "$ROUNDS"); do
       pg "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null
       start "$WORK/data-unused" "$PG_URL" "$schema"
     elif [ "$system" = baseline ]; then
-      START_BIN=${BASELINE_BIN:?baseline needs BASELINE_BIN} start "$WORK/data-$round"
+      start_baseline "$WORK/data-$round"
     else
       start "$WORK/data-$round"
     fi

@@ -9,8 +9,9 @@
 #                    with a URL and a schema, its store is that PostgreSQL schema instead
 #   stop             SIGTERM it (and the extra nodes) and wait
 #
-# START_BIN, when set, is the server binary `start` runs instead of BIN (an older build, to
-# measure before and after side by side in one window).
+# START_BIN, when set, is the server binary `start` runs instead of BIN; `start_baseline DIR`
+# is `start` with BASELINE_BIN (an older build, to measure before and after side by side in
+# one window: the system `baseline` of bench_delayed.sh and bench_vs_pg.sh).
 #
 # With a URL and a schema, EXTRA_NODES=n (default 0) starts n more nodes of the same cluster
 # on $PORT+1 … $PORT+n (same config, same schema; logs $WORK/node-<i>.log); SERVER stays the
@@ -77,6 +78,10 @@ start() { # data dir [postgres url, schema]
       wait_ready "http://127.0.0.1:$port" "$!" "$WORK/node-$i.log"
     done
   fi
+}
+
+start_baseline() { # data dir
+  START_BIN=${BASELINE_BIN:?the system baseline needs BASELINE_BIN} start "$1"
 }
 
 stop() {

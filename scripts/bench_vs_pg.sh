@@ -125,11 +125,7 @@ run() {
   case $system in
   redrive | baseline)
     local data="$WORK/data-$shape-$round"
-    if [ "$system" = baseline ]; then
-      START_BIN=${BASELINE_BIN:?baseline needs BASELINE_BIN} start "$data"
-    else
-      start "$data"
-    fi
+    if [ "$system" = baseline ]; then start_baseline "$data"; else start "$data"; fi
     "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
     stop
     rm -rf "$data"

@@ -41,8 +41,9 @@
 //!   the tick's scan and the queue's next due time start after it; a row scheduled at or
 //!   before that place (a request whose clock is behind the tick's) is promoted here at once
 //!   (`transitions.rs::wake_if_scheduled`; past a second behind, the clock was set back:
-//!   the queue's promotions are written into their rows and nothing is held any more). At most [`DUE_MAX`] unleased rows per queue are
-//!   held; past that the tick writes its promotions as before. The lease of a promoted row
+//!   the queue's promotions are written into their rows and nothing is held any more).
+//!   At most [`DUE_MAX`] unleased rows per queue are held; past that the tick writes its
+//!   promotions as before. The lease of a promoted row
 //!   is a lease held here whose row is `scheduled` ([`MemLease::promoted_at`]): the ack or
 //!   the failure writes the row once, from `scheduled`, instead of twice (promotion, then
 //!   ack). Any other transition first writes the promotion (`WriterState::materialize`).
@@ -172,7 +173,7 @@ impl MemLease {
             attempt: self.attempt,
             leased_at: self.leased_at,
             expires_at: self.expires_at,
-            promoted: self.promoted_at.is_some(),
+            from: self.disk_state(),
         }
     }
 
@@ -194,8 +195,8 @@ pub struct LeaseView {
     pub attempt: u32,
     pub leased_at: i64,
     pub expires_at: i64,
-    /// The row is `scheduled` on disk (promoted in memory), not `ready`.
-    pub promoted: bool,
+    /// The row's state on disk while the lease is held ([`MemLease::disk_state`]).
+    pub from: State,
 }
 
 /// What a reader needs of a row promoted in memory to show it `ready`.
@@ -222,12 +223,7 @@ pub type Views = Arc<Mutex<Shown>>;
 /// (`ready`, or `scheduled` if it was promoted in memory; the attempt before the
 /// lease's). Returns whether it applied.
 pub fn overlay(row: &mut Row, view: &LeaseView) -> bool {
-    let from = if view.promoted {
-        State::Scheduled
-    } else {
-        State::Ready
-    };
-    if row.life.state != from || row.life.attempts.checked_add(1) != Some(view.attempt) {
+    if row.life.state != view.from || row.life.attempts.checked_add(1) != Some(view.attempt) {
         return false;
     }
     let leased_at = Timestamp::from_millis(view.leased_at);
@@ -419,7 +415,7 @@ impl Hot {
     /// Drop a promoted candidate whose row is not as its promotion found it (nothing
     /// writes such a row without ending its promotion first: a defect if seen).
     pub fn drop_promoted(&mut self, queue: &str, key: &Key) {
-        let id = self.dues.get_mut(queue).and_then(|d| d.set.remove(key));
+        let id = self.dues.get(queue).and_then(|d| d.set.get(key)).cloned();
         if let Some(id) = id {
             tracing::warn!(%queue, message = %id, "a row promoted in memory changed under its promotion");
             self.unpromote(&id);
@@ -484,11 +480,16 @@ impl Hot {
 
     /// Every `scheduled` row of `queue` at or before `place` (due time, seq) is held here.
     pub fn hold_upto(&mut self, queue: &str, place: (i64, i64)) {
-        let d = self.dues.entry(queue.to_owned()).or_default();
-        if d.upto.is_some_and(|u| u >= place) {
+        if self.held_upto(queue).is_some_and(|u| u >= place) {
             return;
         }
-        let before = d.upto.replace(place);
+        self.set_upto(queue, Some(place));
+    }
+
+    /// Move how far `queue`'s scheduled rows are held (undone with the job).
+    fn set_upto(&mut self, queue: &str, upto: Option<(i64, i64)>) {
+        let d = self.dues.entry(queue.to_owned()).or_default();
+        let before = std::mem::replace(&mut d.upto, upto);
         self.undo.push(Undo::Upto {
             queue: queue.to_owned(),
             before,
@@ -520,10 +521,7 @@ impl Hot {
     /// End the promotion of `id` without a lease (its row is written `ready`, or it is
     /// dropped): it is no longer here.
     pub fn unpromote(&mut self, id: &str) -> Option<Promotion> {
-        let promotion = self.promoted.remove(id)?;
-        if let Some(d) = self.dues.get_mut(&promotion.queue) {
-            d.set.remove(&promotion.key);
-        }
+        let promotion = self.take_promotion(id)?;
         self.job_views.push(ViewChange::Due(id.to_owned(), None));
         self.undo.push(Undo::Unpromoted {
             id: id.to_owned(),
@@ -551,13 +549,24 @@ impl Hot {
     /// Nothing of `queue` is held any more ([`Self::promoted_ids`] were all written into
     /// their rows): its tick scans from the start again.
     pub fn release_hold(&mut self, queue: &str) {
-        if let Some(d) = self.dues.get_mut(queue) {
-            let before = d.upto.take();
-            self.undo.push(Undo::Upto {
-                queue: queue.to_owned(),
-                before,
-            });
+        if self.dues.contains_key(queue) {
+            self.set_upto(queue, None);
         }
+    }
+
+    /// Where the tick's scan of `queue` starts after ([`Self::held_upto`], or before every
+    /// row when nothing is held).
+    pub fn scan_after(&self, queue: &str) -> (i64, i64) {
+        self.held_upto(queue).unwrap_or((i64::MIN, i64::MIN))
+    }
+
+    /// Remove the promotion of `id` (unleased) from here, with no record of it.
+    fn take_promotion(&mut self, id: &str) -> Option<Promotion> {
+        let promotion = self.promoted.remove(id)?;
+        if let Some(d) = self.dues.get_mut(&promotion.queue) {
+            d.set.remove(&promotion.key);
+        }
+        Some(promotion)
     }
 
     fn restore_promotion(&mut self, id: String, promotion: Promotion) {
@@ -575,11 +584,7 @@ impl Hot {
     pub fn lease(&mut self, id: &str, key: Key, lease: MemLease) {
         if lease.promoted_at.is_some() {
             // Its promotion goes with it: readers see the lease now (`overlay`).
-            if let Some(p) = self.promoted.remove(id) {
-                if let Some(d) = self.dues.get_mut(&p.queue) {
-                    d.set.remove(&p.key);
-                }
-            }
+            self.take_promotion(id);
             self.job_views.push(ViewChange::Due(id.to_owned(), None));
         } else {
             self.drop_candidate(&lease.queue, &key);
@@ -674,11 +679,7 @@ impl Hot {
                     }
                 }
                 Undo::Promoted { id } => {
-                    if let Some(p) = self.promoted.remove(&id) {
-                        if let Some(d) = self.dues.get_mut(&p.queue) {
-                            d.set.remove(&p.key);
-                        }
-                    }
+                    self.take_promotion(&id);
                 }
                 Undo::Unpromoted { id, promotion } => self.restore_promotion(id, promotion),
                 Undo::Upto { queue, before } => {
@@ -904,7 +905,7 @@ mod tests {
             attempt: 2,
             leased_at: 5,
             expires_at: 9,
-            promoted: false,
+            from: State::Ready,
         };
         assert!(
             !overlay(&mut row.clone(), &view),

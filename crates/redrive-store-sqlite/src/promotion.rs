@@ -87,7 +87,7 @@ impl DueQueues {
     /// Read the earliest due time of `queue` (one seek on `ix_scheduled`), past the rows
     /// promoted in memory (`hot.rs`: they are `scheduled` on disk, and held).
     fn refresh(&mut self, conn: &Connection, hot: &Hot, queue: &str) -> Result<(), StoreError> {
-        let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
+        let (after_due, after_seq) = hot.scan_after(queue);
         let earliest: Option<i64> = conn
             .prepare_cached(
                 "SELECT due_at FROM messages WHERE queue = ?1 AND state = 0 \
@@ -230,7 +230,7 @@ fn promote_in_memory(
     if room == 0 {
         return Ok(0);
     }
-    let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
+    let (after_due, after_seq) = hot.scan_after(queue);
     let rows: Vec<(i64, String, u8, i64)> = conn
         .prepare_cached(
             "SELECT seq, id, priority, due_at FROM messages WHERE queue = ?1 AND state = 0 \
@@ -265,7 +265,7 @@ fn promote_on_disk(
     t: i64,
     share: usize,
 ) -> Result<Vec<Key>, StoreError> {
-    let (after_due, after_seq) = hot.held_upto(queue).unwrap_or((i64::MIN, i64::MIN));
+    let (after_due, after_seq) = hot.scan_after(queue);
     conn.prepare_cached(
         "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
          (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \

@@ -131,6 +131,7 @@ pub fn next_lease_expiry(conn: &Connection) -> Result<Option<i64>, StoreError> {
 /// reads rows: a row read after a later commit is newer than the view, and
 /// [`hot::overlay`] / [`hot::overlay_due`] then leave it alone (each applies only to a row
 /// as it was before its lease or promotion).
+#[derive(Default)]
 pub struct Held {
     views: HashMap<String, LeaseView>,
     due: HashMap<String, DueView>,
@@ -138,24 +139,18 @@ pub struct Held {
 
 impl Held {
     pub fn of(views: &Views) -> Self {
-        match views.lock() {
-            Ok(v) => Self {
+        views.lock().map_or_else(
+            |_| Self::default(),
+            |v| Self {
                 views: v.leases.clone(),
                 due: v.due.clone(),
             },
-            Err(_) => Self {
-                views: HashMap::new(),
-                due: HashMap::new(),
-            },
-        }
+        )
     }
 
     /// The view of one message only.
     pub fn one(views: &Views, id: &str) -> Self {
-        let mut held = Self {
-            views: HashMap::new(),
-            due: HashMap::new(),
-        };
+        let mut held = Self::default();
         if let Ok(v) = views.lock() {
             if let Some(l) = v.leases.get(id) {
                 held.views.insert(id.to_owned(), l.clone());
@@ -459,8 +454,7 @@ pub fn queue_stats(
     held: &Held,
 ) -> Result<Vec<QueueStats>, StoreError> {
     let mut out = Vec::with_capacity(counts.len());
-    let promoted = held;
-    let held = held.seqs();
+    let leased = held.seqs();
     // With leases held in memory, the oldest ready row may be one of them: walk the
     // priority's rows in due order past them (as many as there are, at most).
     let mut walk = conn.prepare_cached(
@@ -481,7 +475,7 @@ pub fn queue_stats(
             // One index seek per priority level on ix_ready, instead of a scan, and one on
             // ix_ready_blocked for the ready messages waiting behind their key's head.
             for p in 0..=9u8 {
-                let v: Option<i64> = if held.is_empty() {
+                let v: Option<i64> = if leased.is_empty() {
                     stmt.query_row(rusqlite::params![queue, p], |r| r.get(0))
                         .db()?
                 } else {
@@ -489,7 +483,7 @@ pub fn queue_stats(
                     let mut first = None;
                     while let Some(r) = rows.next().db()? {
                         let seq: i64 = r.get(0).db()?;
-                        if !held.contains(&seq) {
+                        if !leased.contains(&seq) {
                             first = r.get(1).db()?;
                             break;
                         }
@@ -502,7 +496,7 @@ pub fn queue_stats(
             }
             let v: Option<i64> = blocked.query_row([&queue], |r| r.get(0)).db()?;
             // Promoted in memory: `scheduled` on disk, so not in `ix_ready`.
-            for v in [v, promoted.oldest_promoted(&queue)].into_iter().flatten() {
+            for v in [v, held.oldest_promoted(&queue)].into_iter().flatten() {
                 oldest = Some(oldest.map_or(v, |o| o.min(v)));
             }
         }

@@ -315,11 +315,7 @@ impl WriterState {
             self.hot
                 .promote(&row.id, &row.queue, key, life.updated_at.as_millis());
         } else {
-            self.conn
-                .prepare_cached("UPDATE messages SET state = 1 WHERE seq = ?1 AND state = 0")
-                .db()?
-                .execute([row.seq])
-                .db()?;
+            self.write_promotion(row.seq, life.updated_at.as_millis())?;
             self.hot.made_ready(&row.queue, key);
         }
         self.promoted_elsewhere.push(row.queue.clone());
@@ -332,7 +328,7 @@ impl WriterState {
 
     /// Whether leases of `queue` are held in memory (`hot.rs`): it has no per-key ordering.
     fn leases_in_memory(&self, queue: &str) -> bool {
-        Mode::of(self.catalog.get(queue)) == Mode::Unordered
+        held_in_memory(&self.catalog, queue)
     }
 
     /// A transition left `row` ready: its place among the queue's leasable rows.
@@ -350,15 +346,7 @@ impl WriterState {
     /// on disk would have, and becomes a candidate of its queue's window.
     fn materialize(&mut self, id: &str) -> Result<(), StoreError> {
         if let Some(p) = self.hot.unpromote(id) {
-            let n = self
-                .conn
-                .prepare_cached(
-                    "UPDATE messages SET state = 1, updated_at = ?2 WHERE seq = ?1 AND state = 0",
-                )
-                .db()?
-                .execute(params![p.key.seq(), p.at])
-                .db()?;
-            if n != 1 {
+            if self.write_promotion(p.key.seq(), p.at)? != 1 {
                 return Err(lease_lost(id));
             }
             self.hot.place(&p.queue, p.key);
@@ -390,6 +378,19 @@ impl WriterState {
         Ok(())
     }
 
+    /// Write the promotion of the `scheduled` row at `seq` into it, at `at`, as the tick's
+    /// promotion on disk does: how many rows it changed (1, or 0 if the row is not
+    /// `scheduled`).
+    fn write_promotion(&self, seq: i64, at: i64) -> Result<usize, StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE messages SET state = 1, updated_at = ?2 WHERE seq = ?1 AND state = 0",
+            )
+            .db()?
+            .execute(params![seq, at])
+            .db()
+    }
+
     /// Write every lease held in memory into its row (at close, so a restart keeps them).
     pub fn flush_hot(&mut self) -> Result<usize, StoreError> {
         let ids = self.hot.ids();
@@ -407,21 +408,23 @@ impl WriterState {
         self.stored_row(id)
     }
 
-    /// The row of `id` as readers see it: with its lease held in memory applied. A lease
-    /// held in memory keeps its row's `seq`, so that row is read by it, not through the id's
-    /// index.
+    /// The row of `id` as readers see it: with its lease or promotion held in memory
+    /// applied. Either keeps its row's `seq`, so that row is read by it, not through the
+    /// id's index.
     fn row_seen(&self, id: &MessageId) -> Result<Row, StoreError> {
         let key = id.to_string();
-        if let Some(lease) = self.hot.get(&key) {
-            let mut row = self
-                .stored_row_at(lease.seq)?
-                .filter(|r| r.id == key)
-                .ok_or(StoreError::NotFound(key))?;
+        let lease = self.hot.get(&key);
+        let promotion = self.hot.promotion(&key);
+        let Some(seq) = lease.map(|l| l.seq).or(promotion.map(|p| p.key.seq())) else {
+            return self.stored_row(id);
+        };
+        let mut row = self
+            .stored_row_at(seq)?
+            .filter(|r| r.id == key)
+            .ok_or(StoreError::NotFound(key))?;
+        if let Some(lease) = lease {
             hot::overlay(&mut row, &lease.view());
-            return Ok(row);
-        }
-        let mut row = self.stored_row(id)?;
-        if let Some(p) = self.hot.promotion(&key) {
+        } else if let Some(p) = promotion {
             hot::overlay_due(&mut row, &hot::due_view(p));
         }
         Ok(row)
@@ -1319,7 +1322,7 @@ impl WriterState {
     pub fn tick(&mut self, now: Timestamp) -> Result<TickOutcome, StoreError> {
         let t = now.as_millis();
         let catalog = Arc::clone(&self.catalog);
-        let in_memory = |q: &str| Mode::of(catalog.get(q)) == Mode::Unordered;
+        let in_memory = |q: &str| held_in_memory(&catalog, q);
         let promoted = promotion::promote(
             &self.conn,
             &mut self.due,
@@ -1480,6 +1483,12 @@ impl WriterState {
             more,
         })
     }
+}
+
+/// Whether `queue`'s leases and due rows are held in memory (`hot.rs`): it has no per-key
+/// ordering.
+fn held_in_memory(catalog: &QueueCatalog, queue: &str) -> bool {
+    Mode::of(catalog.get(queue)) == Mode::Unordered
 }
 
 /// How far a request's clock may be behind the tick's for a message it schedules behind the

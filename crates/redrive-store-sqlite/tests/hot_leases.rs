@@ -4,7 +4,7 @@
 use redrive_core::MessageId;
 use redrive_core::{ErrorClass, Failure, NewMessage, State};
 use redrive_storage::conformance::{self, at, Q};
-use redrive_storage::{MessageFilter, Nack, Store};
+use redrive_storage::{Leased, MessageFilter, Nack, Store};
 use redrive_store_sqlite::{SqliteOptions, SqliteStore};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::json;
@@ -216,6 +216,22 @@ async fn publish_due(s: &SqliteStore, n: i64, now: i64, due: i64) -> MessageId {
         .id
 }
 
+/// Two messages of [`Q`] published at 0, due at `due_a` and `due_b`, promoted by a tick at
+/// `due_b`, and the first leased at `lease_at`: (the first, the second, its lease).
+async fn promote_two_lease_one(
+    s: &SqliteStore,
+    due_a: i64,
+    due_b: i64,
+    lease_at: i64,
+) -> (MessageId, MessageId, Leased) {
+    let a = publish_due(s, 1, 0, due_a).await;
+    let b = publish_due(s, 2, 0, due_b).await;
+    s.tick(Some(at(due_b))).await.expect("tick");
+    let l = lease(s, 1, 60_000, lease_at).await.remove(0);
+    assert_eq!(l.message.id, a);
+    (a, b, l)
+}
+
 /// The tick's promotion on a queue whose leases are held in memory writes nothing: the row
 /// stays `scheduled` in the file, every read sees it `ready`, and the ack writes it once,
 /// from `scheduled` to `done`.
@@ -291,11 +307,7 @@ async fn a_due_message_is_promoted_in_memory_and_every_read_sees_it_ready() {
 async fn a_restart_promotes_again_and_keeps_a_promoted_rows_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path());
-    let a = publish_due(&s, 1, 0, 1_000).await;
-    let b = publish_due(&s, 2, 0, 1_001).await;
-    s.tick(Some(at(1_001))).await.expect("tick");
-    let l = lease(&s, 1, 60_000, 1_002).await.remove(0);
-    assert_eq!(l.message.id, a);
+    let (a, b, l) = promote_two_lease_one(&s, 1_000, 1_001, 1_002).await;
     s.close().await;
     assert_eq!(
         on_disk(dir.path(), &a.to_string()),
@@ -327,11 +339,7 @@ async fn a_restart_promotes_again_and_keeps_a_promoted_rows_lease() {
 async fn a_promoted_row_fails_retries_and_takes_operator_actions() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path());
-    let a = publish_due(&s, 1, 0, 1_000).await;
-    let b = publish_due(&s, 2, 0, 1_000).await;
-    s.tick(Some(at(1_000))).await.expect("tick");
-    let l = lease(&s, 1, 60_000, 1_000).await.remove(0);
-    assert_eq!(l.message.id, a);
+    let (a, b, l) = promote_two_lease_one(&s, 1_000, 1_000, 1_000).await;
     let nack = Nack {
         response: None,
         waited: Vec::new(),
@@ -399,11 +407,7 @@ async fn a_message_scheduled_behind_the_promoted_ones_is_promoted_at_once() {
 async fn a_clock_set_back_never_delivers_early() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = open(dir.path());
-    let a = publish_due(&s, 1, 0, 10_000).await;
-    let b = publish_due(&s, 2, 0, 10_000).await;
-    s.tick(Some(at(10_000))).await.expect("tick");
-    let l = lease(&s, 1, 60_000, 10_000).await.remove(0);
-    assert_eq!(l.message.id, a);
+    let (a, b, l) = promote_two_lease_one(&s, 10_000, 10_000, 10_000).await;
     // The clock goes back to 5,000: due at 7,000, behind the rows held (10,000), and 2 s
     // after its request's clock.
     let late = publish_due(&s, 3, 5_000, 7_000).await;
