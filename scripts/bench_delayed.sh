@@ -84,5 +84,9 @@ for round in $(seq 1 "$ROUNDS"); do
       '"round \($r) \($s | .+"          " | .[0:10]) lateness p50 \(.lateness.p50_ms) ms, p99 \(.lateness.p99_ms) ms, max \(.lateness.max_ms) ms (short delays p99 \(.lateness_short.p99_ms) ms); early \(.early)"' \
       "$out"
     if [ -n "$server_side" ]; then echo "        $server_side"; fi
+    # Where it went (redrive only: the answer carries the lease's expiry): due → the server's
+    # lease (the time the lease request reached the store), and from there to the consumer
+    # (the lease's wait for the writer, and its answer's way back).
+    jq -r 'select(.due_to_lease != null) | "        split: due → lease p50 \(.due_to_lease.p50_ms) ms, p99 \(.due_to_lease.p99_ms) ms; lease → received p50 \(.lease_to_receipt.p50_ms) ms, p99 \(.lease_to_receipt.p99_ms) ms"' "$out"
   done
 done

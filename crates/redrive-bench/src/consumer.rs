@@ -26,12 +26,23 @@ pub struct Leased {
     /// The payload (`{"run", "n", "t", …}` for this bench's messages).
     #[serde(default)]
     pub payload: Value,
+    /// When the lease expires (RFC 3339, ms): the server's lease time is this minus the
+    /// bench's lease length ([`Leased::leased_at_ms`]).
+    #[serde(default)]
+    pub lease_expires_at: Option<String>,
 }
 
 impl Leased {
     /// Whether this message was published by the run `run_id`.
     pub fn is_from(&self, run_id: &str) -> bool {
         self.payload.get("run").and_then(Value::as_str) == Some(run_id)
+    }
+
+    /// When the server leased it, ms since the epoch (its lease's expiry minus the bench's
+    /// lease length, [`crate::BENCH_LEASE_MS`]).
+    pub fn leased_at_ms(&self) -> Option<i64> {
+        let expires = redrive_core::Timestamp::parse(self.lease_expires_at.as_deref()?).ok()?;
+        Some(expires.as_millis() - crate::BENCH_LEASE_MS)
     }
 
     /// An integer field of the payload.
@@ -362,5 +373,25 @@ mod tests {
         assert!(a.messages[0].is_from("r1"));
         assert_eq!(a.messages[0].payload_i64("t"), Some(5));
         assert!(!a.messages[1].is_from("r1"));
+        assert_eq!(
+            a.messages[0].leased_at_ms(),
+            None,
+            "no expiry, no lease time"
+        );
+    }
+
+    #[test]
+    fn the_lease_time_is_the_expiry_less_the_bench_lease() {
+        let a: LeaseAnswer = serde_json::from_str(
+            r#"{"messages":[{"id":"1","lease":"t","lease_expires_at":"2026-12-07T10:00:30.250Z"},
+                {"id":"2","lease":"t","lease_expires_at":"not a time"}]}"#,
+        )
+        .unwrap();
+        let expires = redrive_core::Timestamp::parse("2026-12-07T10:00:30.250Z").unwrap();
+        assert_eq!(
+            a.messages[0].leased_at_ms(),
+            Some(expires.as_millis() - 30_000)
+        );
+        assert_eq!(a.messages[1].leased_at_ms(), None);
     }
 }

@@ -79,6 +79,10 @@ pub(super) fn deadline_of(args: &BenchArgs, start: Instant) -> Instant {
 pub(super) struct Seen {
     short: Samples,
     long: Samples,
+    /// Of every first delivery: due → the server's lease (ms resolution), and the server's
+    /// lease → received here (the lease's wait for the writer and its answer's way back).
+    to_lease: Samples,
+    to_receipt: Samples,
     received: u64,
     early: u64,
     pub(super) redelivered: u64,
@@ -99,10 +103,19 @@ impl Seen {
         self.received += 1;
     }
 
+    /// Where a first delivery's lateness went: `due_ms` → the server's lease `leased_ms` →
+    /// received at `received_us`.
+    pub(super) fn split(&mut self, due_ms: i64, leased_ms: i64, received_us: i64) {
+        self.to_lease.push_us((leased_ms - due_ms) * 1_000);
+        self.to_receipt.push_us(received_us - leased_ms * 1_000);
+    }
+
     /// Add what another consumer saw.
     pub(super) fn merge(&mut self, s: Seen) {
         self.short.merge(s.short);
         self.long.merge(s.long);
+        self.to_lease.merge(s.to_lease);
+        self.to_receipt.merge(s.to_receipt);
         self.received += s.received;
         self.early += s.early;
         self.redelivered += s.redelivered;
@@ -139,6 +152,16 @@ impl Seen {
             "lateness_long",
             "lateness (long delays)",
             self.long.summary(),
+        );
+        report.summary(
+            "due_to_lease",
+            "due → the server's lease (ms resolution)",
+            self.to_lease.summary(),
+        );
+        report.summary(
+            "lease_to_receipt",
+            "the server's lease → received (ms resolution)",
+            self.to_receipt.summary(),
         );
         if self.received < target {
             report.incomplete = Some(format!(
@@ -251,6 +274,9 @@ async fn consume(ctx: Arc<Ctx>, urls: Urls, target: u64, deadline: Instant) -> S
                 .and_then(serde_json::Value::as_bool)
                 .unwrap_or(false);
             seen.first(received_us - due_ms * 1_000, long);
+            if let Some(leased_ms) = m.leased_at_ms() {
+                seen.split(due_ms, leased_ms, received_us);
+            }
             firsts += 1;
         }
         let items: Vec<Item<'_>> = batch
@@ -270,6 +296,20 @@ async fn consume(ctx: Arc<Ctx>, urls: Urls, target: u64, deadline: Instant) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lateness_splits_at_the_servers_lease() {
+        let mut seen = Seen::default();
+        // Due at 1,000 ms, leased at 1,003 ms, received at 1,005.5 ms.
+        seen.split(1_000, 1_003, 1_005_500);
+        let mut other = Seen::default();
+        other.split(2_000, 2_000, 2_001_000);
+        seen.merge(other);
+        let to_lease = seen.to_lease.summary().expect("two samples");
+        let to_receipt = seen.to_receipt.summary().expect("two samples");
+        assert_eq!((to_lease.count, to_lease.max_ms), (2, 3.0));
+        assert_eq!((to_receipt.min_ms, to_receipt.max_ms), (1.0, 2.5));
+    }
 
     #[test]
     fn delays_stay_in_their_ranges() {

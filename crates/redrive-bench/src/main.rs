@@ -71,6 +71,8 @@ const ERROR_PAUSE: Duration = Duration::from_millis(50);
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Lease length the consumers ask for: far longer than a batch takes to ack.
 const BENCH_LEASE: &str = "30s";
+/// [`BENCH_LEASE`] in ms.
+const BENCH_LEASE_MS: i64 = 30_000;
 
 /// Command line of `redrive-bench`.
 #[derive(Debug, Parser)]
