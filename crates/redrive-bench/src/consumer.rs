@@ -5,7 +5,7 @@
 //! one-at-a-time worker (a PHP worker, say) does: one `POST /v1/messages/{id}/ack`
 //! or `/nack` per message, not the batch endpoints.
 
-use super::{Ctx, BENCH_LEASE};
+use super::{Ctx, BENCH_LEASE_MS};
 use redrive_client::ErrorDetail;
 use redrive_core::State;
 use reqwest::Url;
@@ -39,10 +39,10 @@ impl Leased {
     }
 
     /// When the server leased it, ms since the epoch (its lease's expiry minus the bench's
-    /// lease length, [`crate::BENCH_LEASE_MS`]).
+    /// lease length, [`BENCH_LEASE_MS`]).
     pub fn leased_at_ms(&self) -> Option<i64> {
         let expires = redrive_core::Timestamp::parse(self.lease_expires_at.as_deref()?).ok()?;
-        Some(expires.as_millis() - crate::BENCH_LEASE_MS)
+        Some(expires.as_millis() - BENCH_LEASE_MS)
     }
 
     /// An integer field of the payload.
@@ -165,7 +165,7 @@ impl Urls {
             lease: ctx.url(&["v1", "queues", &ctx.queue, "leases"]),
             ack: ctx.url(&["v1", "messages", "ack"]),
             nack: ctx.url(&["v1", "messages", "nack"]),
-            lease_body: format!(r#"{{"max":{max},"lease":"{BENCH_LEASE}","wait":"{wait}"}}"#),
+            lease_body: format!(r#"{{"max":{max},"lease":"{BENCH_LEASE_MS}ms","wait":"{wait}"}}"#),
             single: max == 1,
         }
     }
@@ -316,6 +316,12 @@ mod tests {
         let one = Urls::new(&ctx, 1, "1s");
         assert!(one.single());
         assert!(one.lease_body.contains(r#""max":1"#));
+        // The lease asked for is the one `Leased::leased_at_ms` takes off the expiry.
+        let body: serde_json::Value = serde_json::from_str(&one.lease_body).unwrap();
+        assert_eq!(
+            redrive_core::parse_duration_ms(body["lease"].as_str().unwrap()).ok(),
+            u64::try_from(BENCH_LEASE_MS).ok()
+        );
         assert!(!Urls::new(&ctx, 2, "1s").single());
         assert!(!Urls::new(&ctx, 100, "1s").single());
         assert_eq!(

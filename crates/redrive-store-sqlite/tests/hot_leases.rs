@@ -216,6 +216,11 @@ async fn publish_due(s: &SqliteStore, n: i64, now: i64, due: i64) -> MessageId {
         .id
 }
 
+/// The queues a tick at `t` names ready.
+async fn ticked_ready(s: &SqliteStore, t: i64) -> Vec<String> {
+    s.tick(Some(at(t))).await.expect("tick").ready_queues
+}
+
 /// Two messages of [`Q`] published at 0, due at `due_a` and `due_b`, promoted by a tick at
 /// `due_b`, and the first leased at `lease_at`: (the first, the second, its lease).
 async fn promote_two_lease_one(
@@ -425,28 +430,15 @@ async fn a_clock_set_back_never_delivers_early() {
         1,
         "the promotion written"
     );
-    assert!(s
-        .tick(Some(at(6_900)))
-        .await
-        .expect("tick")
-        .ready_queues
-        .is_empty());
+    assert!(ticked_ready(&s, 6_900).await.is_empty());
     let got = lease(&s, 5, 60_000, 6_900).await;
     assert_eq!(got.len(), 1, "only b: the new one is not due");
     assert_eq!(got[0].message.id, b);
-    assert_eq!(
-        s.tick(Some(at(7_000))).await.expect("tick").ready_queues,
-        vec![Q.to_owned()]
-    );
+    assert_eq!(ticked_ready(&s, 7_000).await, vec![Q.to_owned()]);
     let got = lease(&s, 5, 60_000, 7_000).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message.id, late);
-    assert!(s
-        .tick(Some(at(7_500)))
-        .await
-        .expect("tick")
-        .ready_queues
-        .is_empty());
+    assert!(ticked_ready(&s, 7_500).await.is_empty());
     s.ack(vec![lref(&l).into()], Some(at(7_600)))
         .await
         .expect("ack")[0]
