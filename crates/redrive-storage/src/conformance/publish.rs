@@ -56,6 +56,11 @@ pub async fn publish_lease_ack<S: Store>(s: Arc<S>) {
     );
     assert_eq!(done.history[0].event, HistoryEvent::Acked);
     assert_eq!(done.history[0].attempt, 1);
+    assert_eq!(
+        done.history[0].leased_at,
+        Some(at(5)),
+        "the ack's entry records when its attempt was leased"
+    );
     assert!(
         lease(&*s, Q, 10, 30_000, at(20)).await.is_empty(),
         "an acked message is leased again"
