@@ -41,8 +41,11 @@
 # PORT       redrive's port (default 7079)
 #
 # Output: one line per run, then per shape: redrive median [min–max], PostgreSQL median
-# [min–max] (full retry cycles per second), and the ratio of the medians. Figures from a
-# machine that other work shares are indicative only.
+# [min–max] (full retry cycles per second), and the ratio of the medians. Each run also prints
+# its CPU per retry cycle: the whole machine's (every process, the kernel's too), the load
+# generator's, and the embedded store's writer thread's (a single thread: at 1e6 / rate µs per
+# cycle it is using a whole core, and the rate can only grow by cutting its cost). Figures from
+# a machine that other work shares are indicative only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -108,11 +111,57 @@ pg_counters() {
       FROM pg_stat_user_tables WHERE $1)" | tr '|' ' '
 }
 
+# CPU time, in clock ticks (CLK_TCK, 100 per second here), for the CPU figures of each run:
+# - machine_ticks: "busy total" of every core since boot (/proc/stat; busy leaves out idle,
+#   iowait and the time the hypervisor stole);
+# - children_ticks: user + system time of this shell's reaped children (the load generator is
+#   one, run in the foreground; the server is reaped only at its stop), into TICKS;
+# - thread_ticks PID NAME: user + system time of PID's threads named NAME (0 when none).
+machine_ticks() {
+  awk '/^cpu / {busy = $2 + $3 + $4 + $7 + $8; print busy, busy + $5 + $6 + $9}' /proc/stat
+}
+children_ticks() { # sets TICKS
+  # `times` here, not in a $( ) subshell, which would count only its own children. Its line 2
+  # is "XmY.YYYs XmY.YYYs": the children's user and system time.
+  times >"$WORK/times"
+  TICKS=$(tail -1 "$WORK/times" | awk -v hz="$(getconf CLK_TCK)" '{ s = 0
+    for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d\n", s * hz + 0.5 }')
+}
+thread_ticks() { # pid name
+  local t s=0 f
+  for t in /proc/"$1"/task/*; do
+    [ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] || continue
+    f=$(sed 's/^.*) //' "$t/stat" 2>/dev/null) || continue
+    s=$((s + $(awk '{print $12 + $13}' <<<"$f")))
+  done
+  echo "$s"
+}
+# Microseconds of CPU per message between two tick readings.
+us_per() { awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.0f", (b - a) * 1e6 / hz / n }'; }
+
 # Per retry cycle between two pg_counters readings: "commits wal_bytes dead_tuples".
 per_cycle() { # before after messages
   local b=($1) a=($2)
   pg "SELECT round(($((a[1] - b[1])))::numeric / $3, 2), round(pg_wal_lsn_diff('${a[0]}', '${b[0]}') / $3),
       round(($((a[2] - b[2])))::numeric / $3, 2)" | tr '|' ' '
+}
+
+# Run the load generator ("$@") for MESSAGES messages, in the foreground, and set CPU to its
+# run's CPU per retry cycle: "machine load_generator writer" in µs (writer: the server PID's
+# redrive-writer thread, "-" for the peers, which have none).
+bench_timed() { # messages server_pid_or_empty command...
+  local n=$1 spid=$2 m0 m1 c0 c1 w0=0 w1=0
+  shift 2
+  read -r m0 _ < <(machine_ticks)
+  children_ticks
+  c0=$TICKS
+  [ -n "$spid" ] && w0=$(thread_ticks "$spid" redrive-writer)
+  "$@" || true
+  [ -n "$spid" ] && w1=$(thread_ticks "$spid" redrive-writer)
+  children_ticks
+  c1=$TICKS
+  read -r m1 _ < <(machine_ticks)
+  CPU="$(us_per "$m0" "$m1" "$n") $(us_per "$c0" "$c1" "$n") $([ -n "$spid" ] && us_per "$w0" "$w1" "$n" || echo -)"
 }
 
 # One run: system shape round consumers batch messages; appends "shape system rate" to results.
@@ -126,7 +175,7 @@ run() {
   redrive | baseline)
     local data="$WORK/data-$shape-$round"
     if [ "$system" = baseline ]; then start_baseline "$data"; else start "$data"; fi
-    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    bench_timed "$messages" "$PID" "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err"
     stop
     rm -rf "$data"
     target=$system
@@ -139,7 +188,7 @@ run() {
     tables="schemaname = '$schema'"
     sleep 1.2 # the open's own statistics reach the view
     before=$(pg_counters "$tables")
-    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    bench_timed "$messages" "" "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err"
     stop
     target=redrive-pg
     ;;
@@ -147,7 +196,7 @@ run() {
     local db="redrive_bench_${shape}_$round"
     my "DROP DATABASE IF EXISTS $db; CREATE DATABASE $db" >/dev/null
     start "$WORK/data-unused" "$MYSQL_SERVER/$db"
-    "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err" || true
+    bench_timed "$messages" "" "$BENCH" --server "$SERVER" "${common[@]}" >"$out" 2>"$out.err"
     local deadlocks
     deadlocks=$(curl -s "$SERVER/metrics" | awk '/^redrive_mysql_deadlock_retries_total/ {print $2}')
     echo "$shape $system ${deadlocks:-0} $messages" >>"$WORK/deadlocks.txt"
@@ -156,7 +205,7 @@ run() {
     target=redrive-mysql
     ;;
   mysql)
-    "$BENCH" --mysql "$MYSQL_URL" "${common[@]}" >"$out" 2>"$out.err" || true
+    bench_timed "$messages" "" "$BENCH" --mysql "$MYSQL_URL" "${common[@]}" >"$out" 2>"$out.err"
     echo "$shape $system $(jq -r '.deadlock_retries // 0' "$out" 2>/dev/null || echo 0) $messages" >>"$WORK/deadlocks.txt"
     target=MySQL
     ;;
@@ -164,7 +213,7 @@ run() {
     pg CHECKPOINT >/dev/null
     tables="relname = 'redrive_bench_jobs'"
     before=$(pg_counters "$tables")
-    "$BENCH" --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err" || true
+    bench_timed "$messages" "" "$BENCH" --pg "$PG_URL" "${common[@]}" >"$out" 2>"$out.err"
     target=PostgreSQL
     ;;
   esac
@@ -192,8 +241,11 @@ run() {
   IFS=$'\t' read -r rate p50 p99 elapsed errors syncs <<<"$line"
   printf '%-7s round %d  %-10s  %7s cycles/s  p50 %6s ms  p99 %6s ms  %6s s  fsyncs/s %5s  errors %s%s\n' \
     "$shape" "$round" "$target" "$rate" "$p50" "$p99" "$elapsed" "$syncs" "$errors" "$cost"
-  jq -r --arg shape "$shape" --arg system "$system" '[$shape, $system, .messages_per_s] | @tsv' \
-    "$out" >>"$WORK/results.tsv"
+  local cpu=($CPU)
+  printf '%-7s          %-10s  CPU per cycle: machine %s µs, load generator %s µs, writer thread %s µs\n' \
+    "" "" "${cpu[0]}" "${cpu[1]}" "${cpu[2]}"
+  jq -r --arg shape "$shape" --arg system "$system" --arg cpu "${cpu[*]}" \
+    '[$shape, $system, .messages_per_s, ($cpu | split(" "))[]] | @tsv' "$out" >>"$WORK/results.tsv"
 }
 
 : >"$WORK/results.tsv"
@@ -246,6 +298,19 @@ for shape in shapes:
     figs = {s: fig([float(r[2]) for r in rows if r[0] == shape and r[1] == s]) for s in systems}
     print(f"{shape:<8} " + " ".join(f"{figs[s][0]:<30}" for s in systems) + " " +
           " ".join(f"{ratio(figs[r][1], figs[p][1]):<{len(r) + len(p) + 7}}" for r, p in pairs))
+
+# CPU per cycle: what the two systems cost the machine, the load generator's share of it, and
+# (embedded store) the writer thread's, which can use one core at most.
+print()
+print("CPU per retry cycle, µs (median of the complete runs): machine / load generator / writer thread")
+for shape in shapes:
+    parts = []
+    for s in systems:
+        sel = [r for r in rows if r[0] == shape and r[1] == s and len(r) >= 6]
+        col = lambda i: (f"{median(float(r[i]) for r in sel):.0f}"
+                         if sel and all(r[i] != "-" for r in sel) else "-")
+        parts.append(f"{names[s]}: {col(3)} / {col(4)} / {col(5)}" if sel else f"{names[s]}: n/a")
+    print(f"{shape:<8} " + "; ".join(parts))
 PY
 if [ -s "$WORK/deadlocks.txt" ]; then
   echo
