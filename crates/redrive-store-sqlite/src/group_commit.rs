@@ -20,7 +20,7 @@ use redrive_storage::{CommitStats, StoreError};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -66,6 +66,9 @@ pub struct Shared {
     pub poisoned: Mutex<Option<String>>,
     /// Commit counters.
     pub stats: Mutex<CommitStats>,
+    /// Notified (with [`Shared::stats`]) after every commit, and when the checkpointer is
+    /// told to stop: the checkpointer starts its passes right after a commit returned.
+    pub committed: Condvar,
     /// The write-ahead log's figures.
     pub wal: Mutex<WalStats>,
     /// Called after every commit with (message transitions in it, seconds in COMMIT).
@@ -242,6 +245,7 @@ fn commit_batch(
                 s.changes += changes as u64;
                 s.commit_seconds += secs;
             }
+            shared.committed.notify_all();
             if let Some(obs) = &shared.observer {
                 obs(changes, secs);
             }

@@ -230,6 +230,7 @@ impl SqliteStore {
         let shared = Arc::new(Shared {
             poisoned: Mutex::new(None),
             stats: Mutex::new(CommitStats::default()),
+            committed: std::sync::Condvar::new(),
             wal: Mutex::new(WalStats::default()),
             observer: opts.store.commit_observer.clone(),
             wal_path: wal_path(&path),
