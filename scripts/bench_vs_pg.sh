@@ -127,12 +127,14 @@ children_ticks() { # sets TICKS
   TICKS=$(tail -1 "$WORK/times" | awk -v hz="$(getconf CLK_TCK)" '{ s = 0
     for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d\n", s * hz + 0.5 }')
 }
-thread_ticks() { # pid name
-  local t s=0 f
+thread_ticks() { # pid name (read with the shell's builtins: no process per thread)
+  local t s=0 comm stat f
   for t in /proc/"$1"/task/*; do
-    [ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] || continue
-    f=$(sed 's/^.*) //' "$t/stat" 2>/dev/null) || continue
-    s=$((s + $(awk '{print $12 + $13}' <<<"$f")))
+    read -r comm <"$t/comm" 2>/dev/null || continue
+    [ "$comm" = "$2" ] || continue
+    read -r stat <"$t/stat" 2>/dev/null || continue
+    read -ra f <<<"${stat##*) }" # the fields after "pid (comm) ": utime and stime are 12th, 13th
+    s=$((s + f[11] + f[12]))
   done
   echo "$s"
 }
@@ -152,15 +154,17 @@ per_cycle() { # before after messages
 bench_timed() { # messages server_pid_or_empty command...
   local n=$1 spid=$2 m0 m1 c0 c1 w0=0 w1=0
   shift 2
+  # The writer's ticks outside the others' window: their readings' own work stays out of
+  # the machine's and the children's figures.
+  [ -n "$spid" ] && w0=$(thread_ticks "$spid" redrive-writer)
   read -r m0 _ < <(machine_ticks)
   children_ticks
   c0=$TICKS
-  [ -n "$spid" ] && w0=$(thread_ticks "$spid" redrive-writer)
   "$@" || true
-  [ -n "$spid" ] && w1=$(thread_ticks "$spid" redrive-writer)
   children_ticks
   c1=$TICKS
   read -r m1 _ < <(machine_ticks)
+  [ -n "$spid" ] && w1=$(thread_ticks "$spid" redrive-writer)
   CPU="$(us_per "$m0" "$m1" "$n") $(us_per "$c0" "$c1" "$n") $([ -n "$spid" ] && us_per "$w0" "$w1" "$n" || echo -)"
 }
 

@@ -146,14 +146,15 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<Atomic
     let mut last_pass = Instant::now();
     let mut idle_since: Option<Instant> = None;
     loop {
+        // Idle with the log already truncated: nothing can grow it but a commit, which ends
+        // the idleness, so one look at the file serves the whole turn.
+        let truncated = idle_since.is_some() && shared.wal_file_bytes() == 0;
         // Busy: a pass every CHECKPOINT_INTERVAL at the latest. Idle: nothing to copy until a
         // commit comes, only the truncation when it is due (or again, if one was refused).
         let until = match idle_since {
             None => last_pass + CHECKPOINT_INTERVAL,
-            Some(since) if shared.wal_file_bytes() != 0 => {
-                (since + IDLE_TRUNCATE_AFTER).max(last_pass + CHECKPOINT_INTERVAL)
-            }
-            Some(_) => last_pass + IDLE_WAIT,
+            Some(_) if truncated => last_pass + IDLE_WAIT,
+            Some(since) => (since + IDLE_TRUNCATE_AFTER).max(last_pass + CHECKPOINT_INTERVAL),
         };
         let idle_at = idle_since.map(|_| last_commits);
         let Some(commits) = wait_for_pass(&shared, &stop, last_pass, min, until, idle_at) else {
@@ -167,7 +168,7 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<Atomic
         } else {
             // No commit since the last look: once idle long enough, give the disk back.
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < IDLE_TRUNCATE_AFTER || shared.wal_file_bytes() == 0 {
+            if since.elapsed() < IDLE_TRUNCATE_AFTER || truncated {
                 continue;
             }
             "TRUNCATE"
