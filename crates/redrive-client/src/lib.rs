@@ -575,8 +575,8 @@ impl Client {
         Ok(self.call(Method::GET, url, None::<&()>).await?.1)
     }
 
-    /// `Ok` when the server is ready for writes; an [`Error::Api`] (503 `store_poisoned`
-    /// or `shutting_down`) when it is not.
+    /// `Ok` when the server is ready for writes; an [`Error::Api`] (503 `store_poisoned`,
+    /// `store_unavailable`, `store_superseded` or `shutting_down`) when it is not.
     pub async fn readyz(&self) -> Result<(), Error> {
         let url = self.url(&["readyz"], &[]);
         self.send(self.request(Method::GET, &url, None), &url)

@@ -24,6 +24,11 @@
 //! records a trip ([`EndpointTrip`], the rule [`next_trip`]: the latest period per endpoint),
 //! and every node polls the trips open now and holds its own breaker open until they end.
 //!
+//! A shared store's schema is upgraded by the first node of a newer version to open it. A
+//! node of the older version still running then refuses every call ([`Supersession`],
+//! [`crate::StoreError::Superseded`]) as soon as its store sees the newer schema version,
+//! rather than go on writing rows the way the old schema wanted them.
+//!
 //! [`next_leader`] is the rule, written once: the embedded store applies it to its
 //! in-memory record, the PostgreSQL store states the same rule in one `UPDATE` of its
 //! `leader` row.
@@ -448,5 +453,38 @@ mod tests {
             answer.leads_until("i1", sent, 150).unwrap() - sent,
             Duration::from_millis(75)
         );
+    }
+}
+
+/// Whether a newer redrive has migrated a shared store's schema past what this build knows:
+/// set once, by the store's own probe of the schema's version, and never cleared (this
+/// process cannot become that version). The PostgreSQL and MySQL stores refuse every call
+/// with [`crate::StoreError::Superseded`] once it is set, and their health says
+/// [`crate::Health::Superseded`].
+#[derive(Debug, Default)]
+pub struct Supersession(std::sync::Mutex<Option<String>>);
+
+impl Supersession {
+    /// Record `why`; true the first time only (for the store to log it once).
+    pub fn set(&self, why: String) -> bool {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let first = s.is_none();
+        if first {
+            *s = Some(why);
+        }
+        first
+    }
+
+    /// Why every call is refused, once set.
+    pub fn why(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `Err(Superseded)` once set.
+    pub fn check(&self) -> Result<(), crate::StoreError> {
+        match self.why() {
+            Some(why) => Err(crate::StoreError::Superseded(why)),
+            None => Ok(()),
+        }
     }
 }

@@ -79,6 +79,12 @@ pub enum StoreError {
         /// The epoch the caller claimed.
         epoch: u64,
     },
+    /// The store's schema was upgraded by a newer redrive (another node of the cluster)
+    /// while this one ran: this build's statements may no longer be what the schema needs,
+    /// so it refuses every call until it is stopped and replaced by the newer version (at a
+    /// restart it refuses to open). Tell the client 503 (`store_superseded`).
+    #[error("{0}")]
+    Superseded(String),
     /// The store is shutting down or its writer has stopped. Tell the client 503.
     #[error("store is closed")]
     Closed,

@@ -44,6 +44,7 @@ pub mod conformance;
 
 pub use cluster::{
     Beat, ClusterView, EndpointTrip, EndpointTrips, Fence, Heartbeat, Leadership, NodeRecord,
+    Supersession,
 };
 pub use error::StoreError;
 pub use filter::{filter_text, MessageFilter, Page};

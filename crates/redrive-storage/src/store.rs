@@ -661,6 +661,9 @@ pub enum Health {
     /// Never again without a restart: a failed write poisoned it, or its writer stopped
     /// (closed, or died).
     Failed(String),
+    /// Never again with this build: a newer redrive upgraded the shared store's schema
+    /// ([`StoreError::Superseded`]); stop this node and run the newer version.
+    Superseded(String),
 }
 
 /// Messages a write made ready, told to the processes that share a store

@@ -272,6 +272,11 @@ pub(crate) struct Inner {
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Why the database cannot be reached now, as the last poll found.
     unavailable: Mutex<Option<String>>,
+    /// Set by the poller once a newer redrive has migrated the database past this build's
+    /// [`SCHEMA_VERSION`]: every call is refused from then on.
+    superseded: redrive_storage::Supersession,
+    /// The database, for the poller's messages.
+    database: String,
     /// Claims gated and combined per queue on this node ([`MysqlStore::lease_at`]).
     claims: redrive_storage::claims::Claims,
     conflicts: Conflicts,
@@ -282,6 +287,11 @@ impl Inner {
     pub fn with_rng<T>(&self, f: impl FnOnce(&mut SplitMix64) -> T) -> T {
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut rng)
+    }
+
+    /// The database the store keeps its tables in.
+    pub fn database(&self) -> &str {
+        &self.database
     }
 
     /// This store, as `ready.node`.
@@ -660,6 +670,8 @@ impl MysqlStore {
             stats: Mutex::new(CommitStats::default()),
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
+            superseded: redrive_storage::Supersession::default(),
+            database: database.clone(),
             claims: redrive_storage::claims::Claims::default(),
             conflicts: Conflicts::default(),
         });
@@ -730,10 +742,9 @@ impl MysqlStore {
 
     fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
-            Err(StoreError::Closed)
-        } else {
-            Ok(())
+            return Err(StoreError::Closed);
         }
+        self.inner.superseded.check()
     }
 
     /// Run a publish, ack or nack: in the batcher's next batch, or alone.
@@ -1237,6 +1248,9 @@ impl Store for MysqlStore {
             .is_some_and(group_commit::Batcher::stopped)
         {
             return Health::Failed("the store's group-commit task has stopped".to_owned());
+        }
+        if let Some(why) = self.inner.superseded.why() {
+            return Health::Superseded(why);
         }
         match self.inner.unavailable.lock().map(|u| u.clone()) {
             Ok(Some(why)) => Health::Unavailable(why),

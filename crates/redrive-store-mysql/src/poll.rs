@@ -6,7 +6,9 @@
 //! hands them to [`redrive_storage::Notifier::ready`] per queue: a publish, a retry due now,
 //! a release or a promotion on another node wakes this node's long polls within one poll.
 //! The same query is the health probe: no answer within 2 s makes [`Store::health`]
-//! `Unavailable` until one comes.
+//! `Unavailable` until one comes. It also reads the schema's version: once a newer redrive
+//! (a node upgraded while this one runs) has migrated the database past
+//! [`crate::SCHEMA_VERSION`], the store refuses every call ([`StoreError::Superseded`]).
 //!
 //! A hint, never relied upon: a row whose transaction commits after a later one was seen
 //! is missed by the cursor (an auto-increment is taken at insert, not at commit), and a
@@ -24,6 +26,8 @@ use crate::sql::{args, col, query, query_one};
 use crate::Inner;
 use mysql_async::Params;
 use redrive_storage::ReadyNotice;
+#[cfg(doc)]
+use redrive_storage::StoreError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,16 +38,25 @@ pub async fn newest_rid(c: &mut mysql_async::Conn) -> Result<i64, E> {
 }
 
 /// One poll: the notices of rows written by others after `after`, the new cursor, and
-/// the database's clock (ms).
+/// the database's clock (ms). Refuses everything from then on if the schema's version is
+/// newer than this build's.
 async fn poll_once(inner: &Inner, after: i64) -> Result<(Vec<ReadyNotice>, i64, i64), E> {
     let mut c = inner.conn().await?;
     let r = query_one(
         &mut c,
-        "SELECT COALESCE(MAX(rid), 0), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) FROM ready",
+        "SELECT COALESCE(MAX(rid), 0), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), \
+         (SELECT MAX(version) FROM schema_migrations) FROM ready",
         Params::Empty,
     )
     .await?;
     let (top, db_now): (i64, i64) = (col(&r, 0)?, col(&r, 1)?);
+    let version: Option<i64> = col(&r, 2)?;
+    if let Some(v) = version.filter(|v| *v > crate::SCHEMA_VERSION) {
+        let why = crate::schema::superseded(inner.database(), v);
+        if inner.superseded.set(why.clone()) {
+            tracing::error!(reason = %why, "refusing every request: stop this node and start the newer redrive");
+        }
+    }
     if top < after {
         // The counter went back (MariaDB restarts it at the largest row + 1): start again
         // from what there is.

@@ -349,6 +349,15 @@ async fn version<C: Db>(c: &mut C) -> Result<i64, E> {
     Ok(v.unwrap_or(0))
 }
 
+/// Why a store refuses every call once a newer redrive migrated its database to `found`.
+pub fn superseded(database: &str, found: i64) -> String {
+    format!(
+        "MySQL database {database} was upgraded to redrive schema version {found} by a newer \
+         redrive while this one ran; this redrive knows versions up to {SCHEMA_VERSION}: stop \
+         this node and start the newer version"
+    )
+}
+
 /// Create redrive's tables or upgrade them, under the migration lock; refuse a newer
 /// schema.
 pub async fn migrate(c: &mut mysql_async::Conn, database: &str, mariadb: bool) -> Result<(), E> {

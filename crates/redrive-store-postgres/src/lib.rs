@@ -269,18 +269,33 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// second is counted on the database's clock, which the probe reads: the wake hint is a
 /// time of the store's clock, and a node whose own clock is minutes ahead would otherwise
 /// put it minutes away (and never expire a killed node's leases).
-async fn probe(inner: Arc<Inner>) {
+///
+/// And it reads the schema's version: a newer redrive (a node upgraded while this one ran)
+/// that migrated the schema past [`SCHEMA_VERSION`] makes this store refuse every call from
+/// then on ([`StoreError::Superseded`]), within a second, rather than go on writing rows the
+/// newer schema may need written otherwise.
+async fn probe(inner: Arc<Inner>, schema: String) {
     loop {
         let answer = tokio::time::timeout(PROBE_EVERY * 2, async {
             let client = inner.pool.get().await.map_err(|e| e.to_string())?;
-            sql::resolve_now(&client, None)
+            let now = sql::resolve_now(&client, None)
                 .await
                 .map(|t| t.as_millis())
-                .map_err(|e| e.into_store().to_string())
+                .map_err(|e| e.into_store().to_string())?;
+            let version = schema::current_version(&client)
+                .await
+                .map_err(|e| e.into_store().to_string())?;
+            Ok::<_, String>((now, version))
         })
         .await;
-        if let Ok(Ok(db_now)) = answer {
+        if let Ok(Ok((db_now, version))) = answer {
             inner.due_elsewhere(db_now + PROBE_EVERY.as_millis() as i64);
+            if version > SCHEMA_VERSION {
+                let why = schema::superseded(&schema, version);
+                if inner.superseded.set(why.clone()) {
+                    tracing::error!(reason = %why, "refusing every request: stop this node and start the newer redrive");
+                }
+            }
         }
         let why = match answer {
             Ok(Ok(_)) => None,
@@ -321,6 +336,9 @@ pub(crate) struct Inner {
     observer: Option<Arc<dyn Fn(usize, f64) + Send + Sync>>,
     /// Why the database cannot be reached now, as the last probe found (`probe`).
     unavailable: Mutex<Option<String>>,
+    /// Set by the probe once a newer redrive has migrated the schema past this build's
+    /// [`SCHEMA_VERSION`]: every call is refused from then on.
+    superseded: redrive_storage::Supersession,
     /// Claims gated and combined per queue on this node ([`PostgresStore::lease_at`]).
     claims: redrive_storage::claims::Claims,
 }
@@ -613,9 +631,10 @@ impl PostgresStore {
             stats: Mutex::new(CommitStats::default()),
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
+            superseded: redrive_storage::Supersession::default(),
             claims: redrive_storage::claims::Claims::default(),
         });
-        let prober = tokio::spawn(probe(inner.clone()));
+        let prober = tokio::spawn(probe(inner.clone(), opts.schema.clone()));
         let vacuumer = tokio::spawn(vacuum::keep_clean(inner.clone(), opts.schema.clone()));
         let (listening_tx, mut listening) = watch::channel(false);
         let listener = if opts.notify {
@@ -661,10 +680,9 @@ impl PostgresStore {
 
     fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
-            Err(StoreError::Closed)
-        } else {
-            Ok(())
+            return Err(StoreError::Closed);
         }
+        self.inner.superseded.check()
     }
 
     /// Run a publish, ack or nack: in the batcher's next batch, or alone.
@@ -1192,6 +1210,9 @@ impl Store for PostgresStore {
             .is_some_and(group_commit::Batcher::stopped)
         {
             return Health::Failed("the store's group-commit task has stopped".to_owned());
+        }
+        if let Some(why) = self.inner.superseded.why() {
+            return Health::Superseded(why);
         }
         match self.inner.unavailable.lock().map(|u| u.clone()) {
             Ok(Some(why)) => Health::Unavailable(why),

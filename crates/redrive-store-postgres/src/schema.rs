@@ -278,6 +278,25 @@ async fn version(tx: &deadpool_postgres::Transaction<'_>) -> Result<i32, E> {
     Ok(v.unwrap_or(0))
 }
 
+/// The version the schema is at now, read by a pooled connection (its `search_path` is the
+/// schema): the store's probe compares it with [`SCHEMA_VERSION`] every second.
+pub async fn current_version<C: deadpool_postgres::GenericClient>(client: &C) -> Result<i32, E> {
+    let v: Option<i32> = client
+        .query_one("SELECT max(version) FROM schema_migrations", &[])
+        .await?
+        .try_get(0)?;
+    Ok(v.unwrap_or(0))
+}
+
+/// Why a store refuses every call once a newer redrive migrated its schema to `found`.
+pub fn superseded(schema: &str, found: i32) -> String {
+    format!(
+        "PostgreSQL schema {schema} was upgraded to schema version {found} by a newer redrive \
+         while this one ran; this redrive knows versions up to {SCHEMA_VERSION}: stop this node \
+         and start the newer version"
+    )
+}
+
 /// Take the schema's migration lock in `tx` and create the schema and its
 /// `schema_migrations` table when missing; the version found.
 async fn lock(tx: &deadpool_postgres::Transaction<'_>, schema: &str) -> Result<i32, E> {

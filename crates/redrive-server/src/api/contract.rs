@@ -805,7 +805,10 @@ fn patch(cfg: &Config, v: &mut Value) {
                     "Missing or wrong bearer token (when tokens are configured)",
                 );
                 add("500", "Internal error (logged on the server)");
-                add("503", "store_poisoned or shutting_down");
+                add(
+                    "503",
+                    "store_poisoned, store_unavailable, store_superseded or shutting_down",
+                );
             }
             if has_body || has_params {
                 add("400", "Bad input, naming the field");

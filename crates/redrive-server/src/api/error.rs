@@ -101,6 +101,9 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", msg)
             }
+            StoreError::Superseded(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_superseded", msg)
+            }
             StoreError::Closed => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", msg),
             StoreError::Fenced { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", msg)

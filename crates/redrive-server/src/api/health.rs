@@ -16,7 +16,7 @@ pub async fn healthz() -> impl IntoResponse {
 /// Readiness: the store accepts writes and the server is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "ops", responses(
     (status = 200, description = "ready"),
-    (status = 503, description = "store poisoned or unavailable, or shutting down", body = super::ErrorBody)))]
+    (status = 503, description = "store poisoned, unavailable or superseded by a newer redrive, or shutting down", body = super::ErrorBody)))]
 pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     match s.engine.store().health() {
         Health::Ok => {}
@@ -24,6 +24,13 @@ pub async fn readyz(State(s): State<AppState>) -> Result<impl IntoResponse, ApiE
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_poisoned",
+                reason,
+            ))
+        }
+        Health::Superseded(reason) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_superseded",
                 reason,
             ))
         }

@@ -1,5 +1,5 @@
 //! SPEC §13: this node in its cluster — `GET /v1/cluster`, one leader, a stopped leader
-//! replaced at once.
+//! replaced at once; a node whose schema a newer node migrated stops serving.
 
 use crate::harness::{ok, TestServer};
 use redrive_server::engine::Signal;
@@ -201,4 +201,59 @@ async fn on_mysql_a_long_poll_on_another_node_sees_a_publish_within_the_store_po
     );
     let _schema = a.stop_keeping_schema().await;
     b.stop().await;
+}
+
+/// A node of an older version still running when a newer one migrated the shared schema
+/// (an upgrade done node by node): within a few seconds its `/readyz` and its API answer
+/// 503 `store_superseded`, naming both schema versions, and it writes nothing more.
+#[tokio::test]
+async fn a_node_whose_schema_a_newer_node_upgraded_stops_serving() {
+    let s = TestServer::start_on_postgres(QUICK).await;
+    let (st, _) = s
+        .post(
+            "/v1/queues/upgrade/messages",
+            serde_json::json!({"payload": 1}),
+        )
+        .await;
+    assert_eq!(st, 201);
+    let pg = s.pg.as_ref().expect("on PostgreSQL");
+    let newer = redrive_store_postgres::SCHEMA_VERSION + 1;
+    let out = std::process::Command::new("psql")
+        .arg(&pg.url)
+        .arg("-qc")
+        .arg(format!(
+            "INSERT INTO {}.schema_migrations (version) VALUES ({newer})",
+            pg.schema
+        ))
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ready = loop {
+        let (st, body) = s.get("/readyz").await;
+        if st == 503 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz still {st} 10 s after the upgrade"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(ready["error"]["code"], "store_superseded", "{ready}");
+    let why = ready["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains(&format!("version {newer}")), "{ready}");
+    let (st, body) = s
+        .post(
+            "/v1/queues/upgrade/messages",
+            serde_json::json!({"payload": 2}),
+        )
+        .await;
+    assert_eq!(st, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_superseded", "{body}");
+    s.stop().await;
 }
