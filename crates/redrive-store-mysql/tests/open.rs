@@ -8,8 +8,9 @@
 mod common;
 
 use redrive_core::{NewMessage, State, Timestamp};
+use redrive_storage::conformance::shared::refuses_every_call_once_a_newer_node_migrated;
 use redrive_storage::conformance::{Setup, ORDERED, Q};
-use redrive_storage::{Ack, Health, LeaseRef, LeaseRequest, Store, StoreError};
+use redrive_storage::{Ack, LeaseRef, LeaseRequest, Store, StoreError};
 use redrive_store_mysql::{MysqlOptions, MysqlStore, SCHEMA_VERSION};
 use serde_json::json;
 use std::collections::HashSet;
@@ -193,62 +194,22 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
 }
 
 /// A newer redrive migrates the database while this store runs (a cluster upgraded node by
-/// node, this one not yet): within a few polls it refuses every call, reads too, naming
-/// both versions, and says so as its health; nothing it was refused wrote anything.
+/// node, this one not yet): it refuses every call from then on
+/// (`conformance::shared::refuses_every_call_once_a_newer_node_migrated`), and nothing it
+/// refused was written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_upgraded_by_a_newer_node_stops_this_one() {
     let guard = common::fresh_database(PREFIX);
     let opts = common::options(&guard.0, &Setup::default());
     let store = MysqlStore::open(opts).await.expect("open");
-    store
-        .publish(vec![NewMessage::new(Q, json!("before"))], None)
-        .await
-        .expect("a publish before the upgrade");
-    assert!(matches!(store.health(), Health::Ok));
     let newer = SCHEMA_VERSION + 1;
-    common::run_blocking(format!(
-        "INSERT INTO `{}`.schema_migrations (version) VALUES ({newer})",
-        guard.0
-    ));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let why = loop {
-        if let Health::Superseded(why) = store.health() {
-            break why;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still {:?} 10 s after the upgrade",
-            store.health()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(
-        why.contains(&format!("version {newer}"))
-            && why.contains(&format!("up to {SCHEMA_VERSION}")),
-        "names both versions: {why}"
-    );
-    match store
-        .publish(vec![NewMessage::new(Q, json!("after"))], None)
-        .await
-    {
-        Err(StoreError::Superseded(text)) => assert_eq!(text, why),
-        other => panic!("a publish after the upgrade: {other:?}"),
-    }
-    let lease = LeaseRequest {
-        queue: Q.into(),
-        max: 10,
-        lease_ms: 30_000,
-        max_bytes: None,
-    };
-    assert!(matches!(
-        store.lease(lease, None).await,
-        Err(StoreError::Superseded(_))
-    ));
-    assert!(matches!(
-        store.queue_stats().await,
-        Err(StoreError::Superseded(_))
-    ));
-    store.close().await;
+    refuses_every_call_once_a_newer_node_migrated(store, SCHEMA_VERSION, newer, || {
+        common::run_blocking(format!(
+            "INSERT INTO `{}`.schema_migrations (version) VALUES ({newer})",
+            guard.0
+        ));
+    })
+    .await;
     let rows = one(format!("SELECT COUNT(*) FROM `{}`.messages", guard.0));
     assert_eq!(rows, "1", "only the publish of before");
 }

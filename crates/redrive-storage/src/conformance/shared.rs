@@ -484,3 +484,51 @@ where
         }
     });
 }
+
+/// A store of a shared database, while a newer redrive migrates that database past this
+/// build's schema version `known` to `newer` (`upgrade` records `newer` as that migration
+/// would): a publish before it is taken; within 10 s the store's health is
+/// [`crate::Health::Superseded`], naming both versions, and from then on every call is
+/// refused with [`crate::StoreError::Superseded`], writes and reads alike. The store is
+/// closed at the end; the caller checks that nothing refused reached the database (one
+/// message in it).
+pub async fn refuses_every_call_once_a_newer_node_migrated<S: Store>(
+    store: S,
+    known: i64,
+    newer: i64,
+    upgrade: impl FnOnce(),
+) {
+    use crate::{Health, StoreError};
+    publish(&store, msg(Q, json!("before")), at(0)).await;
+    assert!(matches!(store.health(), Health::Ok), "{:?}", store.health());
+    upgrade();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let why = loop {
+        if let Health::Superseded(why) = store.health() {
+            break why;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?} 10 s after the upgrade",
+            store.health()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        why.contains(&format!("version {newer}")) && why.contains(&format!("up to {known}")),
+        "names both versions: {why}"
+    );
+    match store.publish(vec![msg(Q, json!("after"))], None).await {
+        Err(StoreError::Superseded(text)) => assert_eq!(text, why),
+        other => panic!("a publish after the upgrade: {other:?}"),
+    }
+    assert!(matches!(
+        store.lease(req(10, 30_000), None).await,
+        Err(StoreError::Superseded(_))
+    ));
+    assert!(matches!(
+        store.queue_stats().await,
+        Err(StoreError::Superseded(_))
+    ));
+    store.close().await;
+}
