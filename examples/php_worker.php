@@ -126,6 +126,39 @@ final class Redrive
     }
 }
 
+/**
+ * Settle a lease (ack, nack or release): POST, and on a transport failure or a 503 (redrive or
+ * its database restarting, a deploy) send the same request again, backing off, until the
+ * lease expires. A retried ack whose first try had landed answers 200 again; a retried nack
+ * or release answers 409 lease_settled, saying so (docs/CONSUMERS.md, "When redrive answers
+ * 503"). Giving up at once would leave the message to its lease: it would come back, and the
+ * expiry would count as a failed attempt. Returns [status, answer], or null once the lease
+ * has run out.
+ */
+function settle(Redrive $api, string $path, array $body, string $leaseExpiresAt): ?array
+{
+    $until = (float) (new DateTimeImmutable($leaseExpiresAt))->format('U.u');
+    $delay = 0.5;
+    while (true) {
+        try {
+            [$status, $answer] = $api->post($path, $body);
+            if ($status !== 503) {
+                return [$status, $answer];
+            }
+            $why = 'HTTP 503 ' . ($answer['error']['code'] ?? '');
+        } catch (RuntimeException $e) {
+            $why = $e->getMessage();
+        }
+        if (microtime(true) + $delay >= $until) {
+            fwrite(STDERR, "$path: $why; the lease runs out before another try\n");
+            return null;
+        }
+        fwrite(STDERR, "$path: $why; again in {$delay}s\n");
+        usleep((int) ($delay * 1_000_000));
+        $delay = min($delay * 2, 8.0);
+    }
+}
+
 function env(string $name, string $default): string
 {
     $v = getenv($name);
@@ -202,8 +235,13 @@ while (!$stopping) {
         if ($stopping) {
             // Hand back what we have not started: ready again now, the attempt not charged.
             foreach (array_slice($batch, $i) as $rest) {
-                [$st, $a] = $api->post("/v1/messages/{$rest['id']}/release", ['lease' => $rest['lease']]);
-                say($st === 200 ? "released {$rest['id']}" : "release {$rest['id']}: HTTP $st {$a['error']['code']}");
+                $r = settle($api, "/v1/messages/{$rest['id']}/release", ['lease' => $rest['lease']], $rest['lease_expires_at']);
+                if ($r === null) {
+                    continue; // its lease ran out: it is ready again already
+                }
+                [$st, $a] = $r;
+                $landed = $st === 200 || ($a['error']['settled'] ?? null) === 'released';
+                say($landed ? "released {$rest['id']}" : "release {$rest['id']}: HTTP $st {$a['error']['code']}");
             }
             break;
         }
@@ -222,21 +260,23 @@ while (!$stopping) {
             // after max_attempts if it keeps failing.
             $error = ['class' => 'transient', 'message' => get_class($e) . ': ' . $e->getMessage()];
         }
-        try {
-            if ($error === null) {
-                [$st, $a] = $api->post("/v1/messages/{$m['id']}/ack", ['lease' => $m['lease']]);
-                $done = "acked {$m['id']}";
-            } else {
-                [$st, $a] = $api->post("/v1/messages/{$m['id']}/nack", ['lease' => $m['lease'], 'error' => $error]);
-                $done = "nacked {$m['id']} {$error['class']}";
-            }
-        } catch (RuntimeException $e) {
-            // The ack may or may not have landed: the lease expires and the message comes
-            // back (at-least-once), which is why handle() must be idempotent.
-            fwrite(STDERR, "{$m['id']}: {$e->getMessage()}\n");
+        if ($error === null) {
+            $r = settle($api, "/v1/messages/{$m['id']}/ack", ['lease' => $m['lease']], $m['lease_expires_at']);
+            $done = "acked {$m['id']}";
+            $settled = 'acked';
+        } else {
+            $r = settle($api, "/v1/messages/{$m['id']}/nack", ['lease' => $m['lease'], 'error' => $error], $m['lease_expires_at']);
+            $done = "nacked {$m['id']} {$error['class']}";
+            $settled = 'nacked';
+        }
+        if ($r === null) {
+            // Unsettled when its lease ran out: the message comes back (at-least-once),
+            // which is why handle() must be idempotent.
             continue;
         }
-        if ($st === 200) {
+        [$st, $a] = $r;
+        if ($st === 200 || ($a['error']['settled'] ?? null) === $settled) {
+            // 200, or a retry answered lease_settled for what the first try had done.
             say($done);
         } else {
             // 409 lease_expired / lease_settled / lease_mismatch: we took too long, or someone

@@ -2,12 +2,16 @@
 //! live server (issue 15, "a consumer guide"): messages that succeed, fail once (transient,
 //! rate limited with `retry_after`), fail for ever, or fail for good end in the states their
 //! outcome says; and SIGTERM in the middle of a batch finishes the message in hand and
-//! releases the rest: `ready` again, no attempt charged, nothing in their history.
+//! releases the rest: `ready` again, no attempt charged, nothing in their history. Behind a
+//! proxy that answers the first ack 503 and loses the first nack's answer, the worker sends
+//! each again until it lands: nothing is left to its lease, nothing is failed twice.
 //!
 //! Skipped, saying why, without php (and its curl and pcntl); a failure under `CI=true`.
 
 use crate::harness::{count, TestServer};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -31,12 +35,15 @@ fn php_ready() -> bool {
     )
 }
 
-/// The worker, its stdout lines arriving on the channel.
-fn start_worker(s: &TestServer) -> (tokio::process::Child, mpsc::UnboundedReceiver<String>) {
+/// The worker on `addr` (the server's, or a proxy's), its stdout lines arriving on the
+/// channel.
+fn start_worker(
+    addr: std::net::SocketAddr,
+) -> (tokio::process::Child, mpsc::UnboundedReceiver<String>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/php_worker.php");
     let mut child = tokio::process::Command::new("php")
         .arg(script)
-        .env("REDRIVE_URL", format!("http://{}", s.addr))
+        .env("REDRIVE_URL", format!("http://{addr}"))
         .env("REDRIVE_QUEUE", QUEUE)
         .env("REDRIVE_WAIT", "1s")
         .env("REDRIVE_MAX", "10")
@@ -139,7 +146,7 @@ async fn the_php_worker_acks_nacks_each_class_and_releases_on_sigterm() {
         "transient_always",
     ];
     let ids = publish(&s, &kinds).await;
-    let (mut worker, mut rx) = start_worker(&s);
+    let (mut worker, mut rx) = start_worker(s.addr);
     // ok ×3, transient_once ×2, rate_limited_once ×2 done; permanent ×2, transient_always dead.
     settle(&s, 7, 3).await;
     for (id, kind) in ids.iter().zip(kinds) {
@@ -225,5 +232,97 @@ async fn the_php_worker_acks_nacks_each_class_and_releases_on_sigterm() {
         Some("stopped"),
         "{rest:#?}"
     );
+    s.stop().await;
+}
+
+/// A proxy in front of `server`: every request is passed on, except that the first ack is
+/// answered 503 `store_unavailable` without reaching the server, and the first nack reaches
+/// it but its answer is replaced by a 503 (an answer lost after the commit). Counts both.
+async fn flaky_proxy(server: std::net::SocketAddr) -> (std::net::SocketAddr, Arc<[AtomicU32; 2]>) {
+    let hits: Arc<[AtomicU32; 2]> = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let counted = hits.clone();
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().fallback(
+        move |method: axum::http::Method, uri: axum::http::Uri, body: axum::body::Bytes| {
+            let (client, hits) = (client.clone(), counted.clone());
+            async move {
+                let path = uri.path().to_owned();
+                let unavailable = || {
+                    (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        [("content-type", "application/json")],
+                        r#"{"error":{"code":"store_unavailable","message":"the proxy's fault"}}"#
+                            .to_owned(),
+                    )
+                };
+                let first = |i: usize| hits[i].fetch_add(1, Ordering::SeqCst) == 0;
+                if path.ends_with("/ack") && first(0) {
+                    return unavailable();
+                }
+                let lose_answer = path.ends_with("/nack") && first(1);
+                let answer = client
+                    .request(method, format!("http://{server}{uri}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("the server answers the proxy");
+                let status = answer.status();
+                let text = answer.text().await.expect("the server's body");
+                if lose_answer {
+                    return unavailable();
+                }
+                (status, [("content-type", "application/json")], text)
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_php_worker_sends_an_ack_or_nack_again_after_a_503_until_it_lands() {
+    if !php_ready() {
+        return;
+    }
+    let s = TestServer::fast(CONFIG).await;
+    let ids = publish(&s, &["ok", "transient_once"]).await;
+    let (proxy, hits) = flaky_proxy(s.addr).await;
+    let (mut worker, mut rx) = start_worker(proxy);
+    // Within the default 30 s lease: a worker that gave up on the 503 would leave the first
+    // message leased for all of it, and `settle` waits at most 30 s.
+    settle(&s, 2, 0).await;
+    let acked = ("acked".to_owned(), None);
+    let ok = s.message(&ids[0]).await;
+    assert_eq!(events(&ok), vec![acked.clone()], "{ok}");
+    assert_eq!(
+        ok["attempts"], 1,
+        "the 503 cost the message an attempt: {ok}"
+    );
+    let once = s.message(&ids[1]).await;
+    assert_eq!(
+        events(&once),
+        vec![("failed".to_owned(), Some("transient".to_owned())), acked],
+        "the nack sent again failed the message twice, or not at all: {once}"
+    );
+    assert!(
+        hits[0].load(Ordering::SeqCst) >= 2,
+        "the ack was not sent again"
+    );
+    assert!(
+        hits[1].load(Ordering::SeqCst) >= 2,
+        "the nack was not sent again"
+    );
+    let seen = line_with(&mut rx, &format!("acked {}", ids[1])).await;
+    assert!(
+        seen.contains(&format!("acked {}", ids[0]))
+            && seen.contains(&format!("nacked {} transient", ids[1])),
+        "the worker did not report both as settled: {seen:#?}"
+    );
+    worker.kill().await.expect("kill the worker");
     s.stop().await;
 }
