@@ -127,15 +127,15 @@ final class Redrive
 }
 
 /**
- * Settle a lease (ack, nack or release): POST, and on a transport failure or a 503 (redrive or
- * its database restarting, a deploy) send the same request again, backing off, until the
- * lease expires. A retried ack whose first try had landed answers 200 again; a retried nack
- * or release answers 409 lease_settled, saying so (docs/CONSUMERS.md, "When redrive answers
- * 503"). Giving up at once would leave the message to its lease: it would come back, and the
- * expiry would count as a failed attempt. Returns [status, answer], or null once the lease
- * has run out.
+ * Settle a lease (ack, nack or release; $settled: "acked", "nacked" or "released"): POST, and
+ * on a transport failure or a 503 (redrive or its database restarting, a deploy) send the same
+ * request again, backing off, until the lease expires. A retried ack whose first try had
+ * landed answers 200 again; a retried nack or release answers 409 lease_settled with that
+ * $settled (docs/CONSUMERS.md, "When redrive answers 503"). Giving up at once would leave the
+ * message to its lease: it would come back, and the expiry would count as a failed attempt.
+ * Returns [landed, status, answer], or null once the lease has run out.
  */
-function settle(Redrive $api, string $path, array $body, string $leaseExpiresAt): ?array
+function settle(Redrive $api, string $path, array $body, string $leaseExpiresAt, string $settled): ?array
 {
     $until = (float) (new DateTimeImmutable($leaseExpiresAt))->format('U.u');
     $delay = 0.5;
@@ -143,7 +143,8 @@ function settle(Redrive $api, string $path, array $body, string $leaseExpiresAt)
         try {
             [$status, $answer] = $api->post($path, $body);
             if ($status !== 503) {
-                return [$status, $answer];
+                $landed = $status === 200 || ($answer['error']['settled'] ?? null) === $settled;
+                return [$landed, $status, $answer];
             }
             $why = 'HTTP 503 ' . ($answer['error']['code'] ?? '');
         } catch (RuntimeException $e) {
@@ -235,12 +236,11 @@ while (!$stopping) {
         if ($stopping) {
             // Hand back what we have not started: ready again now, the attempt not charged.
             foreach (array_slice($batch, $i) as $rest) {
-                $r = settle($api, "/v1/messages/{$rest['id']}/release", ['lease' => $rest['lease']], $rest['lease_expires_at']);
+                $r = settle($api, "/v1/messages/{$rest['id']}/release", ['lease' => $rest['lease']], $rest['lease_expires_at'], 'released');
                 if ($r === null) {
                     continue; // its lease ran out: it is ready again already
                 }
-                [$st, $a] = $r;
-                $landed = $st === 200 || ($a['error']['settled'] ?? null) === 'released';
+                [$landed, $st, $a] = $r;
                 say($landed ? "released {$rest['id']}" : "release {$rest['id']}: HTTP $st {$a['error']['code']}");
             }
             break;
@@ -261,21 +261,19 @@ while (!$stopping) {
             $error = ['class' => 'transient', 'message' => get_class($e) . ': ' . $e->getMessage()];
         }
         if ($error === null) {
-            $r = settle($api, "/v1/messages/{$m['id']}/ack", ['lease' => $m['lease']], $m['lease_expires_at']);
+            $r = settle($api, "/v1/messages/{$m['id']}/ack", ['lease' => $m['lease']], $m['lease_expires_at'], 'acked');
             $done = "acked {$m['id']}";
-            $settled = 'acked';
         } else {
-            $r = settle($api, "/v1/messages/{$m['id']}/nack", ['lease' => $m['lease'], 'error' => $error], $m['lease_expires_at']);
+            $r = settle($api, "/v1/messages/{$m['id']}/nack", ['lease' => $m['lease'], 'error' => $error], $m['lease_expires_at'], 'nacked');
             $done = "nacked {$m['id']} {$error['class']}";
-            $settled = 'nacked';
         }
         if ($r === null) {
             // Unsettled when its lease ran out: the message comes back (at-least-once),
             // which is why handle() must be idempotent.
             continue;
         }
-        [$st, $a] = $r;
-        if ($st === 200 || ($a['error']['settled'] ?? null) === $settled) {
+        [$landed, $st, $a] = $r;
+        if ($landed) {
             // 200, or a retry answered lease_settled for what the first try had done.
             say($done);
         } else {

@@ -275,7 +275,7 @@ pub(crate) struct Inner {
     /// Set by the poller once a newer redrive has migrated the database past this build's
     /// [`SCHEMA_VERSION`]: every call is refused from then on.
     superseded: redrive_storage::Supersession,
-    /// The database, for the poller's messages.
+    /// The database the store keeps its tables in.
     database: String,
     /// Claims gated and combined per queue on this node ([`MysqlStore::lease_at`]).
     claims: redrive_storage::claims::Claims,
@@ -405,14 +405,13 @@ pub struct MysqlStore {
     /// The poller (`poll::run`): other stores' ready messages, the health probe.
     poller: tokio::task::JoinHandle<()>,
     durability: Option<String>,
-    database: String,
     server: String,
 }
 
 impl std::fmt::Debug for MysqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlStore")
-            .field("database", &self.database)
+            .field("database", &self.inner.database)
             .field("server", &self.server)
             .finish_non_exhaustive()
     }
@@ -671,7 +670,7 @@ impl MysqlStore {
             observer: opts.store.commit_observer.clone(),
             unavailable: Mutex::new(None),
             superseded: redrive_storage::Supersession::default(),
-            database: database.clone(),
+            database,
             claims: redrive_storage::claims::Claims::default(),
             conflicts: Conflicts::default(),
         });
@@ -688,7 +687,6 @@ impl MysqlStore {
             closed: AtomicBool::new(false),
             poller,
             durability,
-            database,
             server,
         })
     }
@@ -704,7 +702,7 @@ impl MysqlStore {
 
     /// The database this store keeps its tables in.
     pub fn database(&self) -> &str {
-        &self.database
+        self.inner.database()
     }
 
     /// The server's `VERSION()`.

@@ -282,7 +282,7 @@ async fn probe(inner: Arc<Inner>, schema: String) {
                 .await
                 .map(|t| t.as_millis())
                 .map_err(|e| e.into_store().to_string())?;
-            let version = schema::current_version(&client)
+            let version = schema::version(&client)
                 .await
                 .map_err(|e| e.into_store().to_string())?;
             Ok::<_, String>((now, version))

@@ -269,18 +269,9 @@ pub fn lock_key(schema: &str) -> i64 {
     redrive_core::fnv1a(format!("redrive-migrate:{schema}").as_bytes()) as i64
 }
 
-/// The version a schema is at (0: none yet), read under the migration lock.
-async fn version(tx: &deadpool_postgres::Transaction<'_>) -> Result<i32, E> {
-    let v: Option<i32> = tx
-        .query_one("SELECT max(version) FROM schema_migrations", &[])
-        .await?
-        .try_get(0)?;
-    Ok(v.unwrap_or(0))
-}
-
-/// The version the schema is at now, read by a pooled connection (its `search_path` is the
-/// schema): the store's probe compares it with [`SCHEMA_VERSION`] every second.
-pub async fn current_version<C: deadpool_postgres::GenericClient>(client: &C) -> Result<i32, E> {
+/// The version a schema is at (0: none yet): read under the migration lock at open, and by
+/// the store's probe every second on a pooled connection (whose `search_path` is the schema).
+pub async fn version<C: deadpool_postgres::GenericClient>(client: &C) -> Result<i32, E> {
     let v: Option<i32> = client
         .query_one("SELECT max(version) FROM schema_migrations", &[])
         .await?

@@ -21,7 +21,7 @@
 use crate::group_commit::{wal_checkpoint, Shared};
 use crate::SqliteOptions;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,6 @@ pub const IDLE_TRUNCATE_AFTER: Duration = Duration::from_secs(1);
 
 /// The running checkpointer; stopped (and joined) by [`Checkpointer::stop`].
 pub struct Checkpointer {
-    stop: Arc<AtomicBool>,
     shared: Arc<Shared>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
@@ -56,13 +55,11 @@ pub struct Checkpointer {
 impl Checkpointer {
     /// Start checkpointing the database at `path`.
     pub fn start(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (thread_stop, thread_shared) = (stop.clone(), shared.clone());
+        let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("redrive-checkpoint".into())
-            .spawn(move || run(path, opts, thread_shared, thread_stop))?;
+            .spawn(move || run(path, opts, thread_shared))?;
         Ok(Self {
-            stop,
             shared,
             handle: Some(handle),
         })
@@ -70,7 +67,7 @@ impl Checkpointer {
 
     /// Stop the thread and wait for it.
     pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.shared.checkpointer_stop.store(true, Ordering::SeqCst);
         // Under the lock the thread waits with, so that it cannot miss the flag between its
         // check and its wait.
         drop(self.shared.stats.lock());
@@ -96,7 +93,6 @@ impl Drop for Checkpointer {
 /// once told to stop.
 fn wait_for_pass(
     shared: &Shared,
-    stop: &AtomicBool,
     last_pass: Instant,
     min: Duration,
     until: Instant,
@@ -108,7 +104,7 @@ fn wait_for_pass(
     let mut stats = shared.stats.lock().ok()?;
     let seen = idle_at.unwrap_or(stats.commits);
     loop {
-        if stop.load(Ordering::SeqCst) {
+        if shared.checkpointer_stop.load(Ordering::SeqCst) {
             return None;
         }
         let rest = until.saturating_duration_since(Instant::now());
@@ -123,7 +119,7 @@ fn wait_for_pass(
 /// (a commit or a stop wakes it at once).
 const IDLE_WAIT: Duration = Duration::from_secs(1);
 
-fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>) {
     let conn = match crate::open_connection(&path, &opts, true) {
         Ok(c) => c,
         Err(e) => {
@@ -157,7 +153,7 @@ fn run(path: PathBuf, opts: SqliteOptions, shared: Arc<Shared>, stop: Arc<Atomic
             Some(since) => (since + IDLE_TRUNCATE_AFTER).max(last_pass + CHECKPOINT_INTERVAL),
         };
         let idle_at = idle_since.map(|_| last_commits);
-        let Some(commits) = wait_for_pass(&shared, &stop, last_pass, min, until, idle_at) else {
+        let Some(commits) = wait_for_pass(&shared, last_pass, min, until, idle_at) else {
             return;
         };
         last_pass = Instant::now();

@@ -19,7 +19,7 @@ use redrive_core::Timestamp;
 use redrive_storage::{CommitStats, StoreError};
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -69,6 +69,9 @@ pub struct Shared {
     /// Notified (with [`Shared::stats`]) after every commit, and when the checkpointer is
     /// told to stop: the checkpointer starts its passes right after a commit returned.
     pub committed: Condvar,
+    /// Set (then [`Shared::committed`] notified) to stop the checkpointer
+    /// (`checkpoint::Checkpointer::stop`).
+    pub checkpointer_stop: AtomicBool,
     /// The write-ahead log's figures.
     pub wal: Mutex<WalStats>,
     /// Called after every commit with (message transitions in it, seconds in COMMIT).

@@ -231,6 +231,7 @@ impl SqliteStore {
             poisoned: Mutex::new(None),
             stats: Mutex::new(CommitStats::default()),
             committed: std::sync::Condvar::new(),
+            checkpointer_stop: std::sync::atomic::AtomicBool::new(false),
             wal: Mutex::new(WalStats::default()),
             observer: opts.store.commit_observer.clone(),
             wal_path: wal_path(&path),

@@ -1,7 +1,7 @@
 //! SPEC §13: this node in its cluster — `GET /v1/cluster`, one leader, a stopped leader
 //! replaced at once; a node whose schema a newer node migrated stops serving.
 
-use crate::harness::{ok, TestServer};
+use crate::harness::{ok, psql, TestServer};
 use redrive_server::engine::Signal;
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -134,20 +134,14 @@ async fn without_notices_a_long_poll_on_another_node_sees_a_publish_within_a_sec
     );
     // Nobody listens on the schema's channel (with notices on, each node holds a LISTEN).
     let pg = a.pg.as_ref().expect("on PostgreSQL");
-    let out = std::process::Command::new("psql")
-        .arg(&pg.url)
-        .arg("-Atc")
-        .arg(format!(
+    let listening = psql(
+        &pg.url,
+        &format!(
             "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"redrive_{}\"'",
             pg.schema
-        ))
-        .output()
-        .expect("psql");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "0",
-        "a node listens"
+        ),
     );
+    assert_eq!(listening, "0", "a node listens");
     let _schema = a.stop_keeping_schema().await;
     b.stop().await;
 }
@@ -218,19 +212,12 @@ async fn a_node_whose_schema_a_newer_node_upgraded_stops_serving() {
     assert_eq!(st, 201);
     let pg = s.pg.as_ref().expect("on PostgreSQL");
     let newer = redrive_store_postgres::SCHEMA_VERSION + 1;
-    let out = std::process::Command::new("psql")
-        .arg(&pg.url)
-        .arg("-qc")
-        .arg(format!(
+    psql(
+        &pg.url,
+        &format!(
             "INSERT INTO {}.schema_migrations (version) VALUES ({newer})",
             pg.schema
-        ))
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ),
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     let ready = loop {

@@ -7,7 +7,7 @@
 //! Always on PostgreSQL (the local one, or `REDRIVE_TEST_STORAGE_URL`). Skipped, saying
 //! why, without php-pgsql; a failure under `CI=true`.
 
-use crate::harness::TestServer;
+use crate::harness::{psql, TestServer};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -17,17 +17,6 @@ fn php_pgsql_ready() -> bool {
         "echo extension_loaded('pdo_pgsql') ? 'ok' : 'missing';",
         "php-cli with pdo_pgsql (Debian: php-cli php-pgsql)",
     )
-}
-
-/// `psql -Atc sql` on the server's database.
-fn psql(url: &str, sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .arg(url)
-        .args(["-Atc", sql])
-        .output()
-        .expect("psql");
-    assert!(out.status.success(), "psql {sql}: {out:?}");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -95,6 +95,17 @@ fn mysql_args(url: &str) -> Vec<String> {
     args
 }
 
+/// `psql -Atc sql` on the PostgreSQL database of `url`: its output, trimmed.
+pub fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-Atc", sql])
+        .output()
+        .expect("psql");
+    assert!(out.status.success(), "psql {sql}: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
 /// Run `sql` with the `mysql` client on the server of `url`; its output.
 fn mysql(url: &str, sql: &str) -> String {
     let out = std::process::Command::new("mysql")
