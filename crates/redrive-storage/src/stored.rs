@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 /// content (JSON text as published), its lease token, and its [`Lifecycle`] (what the
 /// rules of [`crate::rules`] read and change). Each backend reads it from its own row type
 /// (`redrive-store-sqlite`'s and `redrive-store-postgres`'s `row::from_*`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRow {
     /// The row's place in publish order.
     pub seq: i64,

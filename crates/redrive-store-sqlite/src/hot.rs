@@ -54,6 +54,7 @@
 //! `key_order`, which a lease changes.
 
 use crate::row::Row;
+use crate::row_cache::{self, RowCache};
 use crate::sql_error::SqlResultExt;
 use redrive_core::{State, Timestamp};
 use rusqlite::{params, Connection};
@@ -163,6 +164,9 @@ pub struct MemLease {
     /// When the row was promoted in memory, if it was ([`Promotion`]): it is `scheduled`
     /// on disk then, not `ready`.
     pub promoted_at: Option<i64>,
+    /// The row as it is on disk while this lease is held (as the lease found it), when
+    /// there was room for it (`row_cache.rs`): the nack and the ack read nothing then.
+    pub row: Option<Arc<Row>>,
 }
 
 impl MemLease {
@@ -316,6 +320,10 @@ pub struct Hot {
     /// Per queue, the running job's transitions into `ready` less those it placed in the
     /// window ([`Self::moved_ready`], [`Self::made_ready`]).
     job_unplaced: HashMap<String, i64>,
+    /// Rows as the writer last wrote them (`row_cache.rs`).
+    pub rows: RowCache,
+    /// What the rows kept with leases here cost ([`row_cache::size`]).
+    lease_row_bytes: usize,
 }
 
 impl Hot {
@@ -332,6 +340,25 @@ impl Hot {
             batch_views: Vec::new(),
             views: Arc::new(Mutex::new(Shown::default())),
             job_unplaced: HashMap::new(),
+            rows: RowCache::default(),
+            lease_row_bytes: 0,
+        }
+    }
+
+    /// Whether a row of `size` bytes may be kept with a lease (at most
+    /// [`row_cache::BYTES_MAX`] for all of them).
+    pub fn lease_row_room(&self, size: usize) -> bool {
+        self.lease_row_bytes + size <= row_cache::BYTES_MAX
+    }
+
+    fn count_lease_row(&mut self, lease: &MemLease, added: bool) {
+        if let Some(row) = &lease.row {
+            let s = row_cache::size(row);
+            if added {
+                self.lease_row_bytes += s;
+            } else {
+                self.lease_row_bytes = self.lease_row_bytes.saturating_sub(s);
+            }
         }
     }
 
@@ -599,16 +626,29 @@ impl Hot {
     fn insert(&mut self, id: &str, lease: MemLease) {
         self.job_views
             .push(ViewChange::Lease(id.to_owned(), Some(lease.view())));
-        self.seqs.insert(lease.seq);
-        self.by_expiry.insert((lease.expires_at, id.to_owned()));
-        self.leases.insert(id.to_owned(), lease);
+        self.index_lease(id.to_owned(), lease);
     }
 
     fn remove(&mut self, id: &str) -> Option<MemLease> {
+        let lease = self.unindex_lease(id)?;
+        self.job_views.push(ViewChange::Lease(id.to_owned(), None));
+        Some(lease)
+    }
+
+    /// Keep `lease` in every index of the leases here (no view change, no undo).
+    fn index_lease(&mut self, id: String, lease: MemLease) {
+        self.count_lease_row(&lease, true);
+        self.seqs.insert(lease.seq);
+        self.by_expiry.insert((lease.expires_at, id.clone()));
+        self.leases.insert(id, lease);
+    }
+
+    /// Take the lease of `id` out of every index here (no view change, no undo).
+    fn unindex_lease(&mut self, id: &str) -> Option<MemLease> {
         let lease = self.leases.remove(id)?;
+        self.count_lease_row(&lease, false);
         self.seqs.remove(&lease.seq);
         self.by_expiry.remove(&(lease.expires_at, id.to_owned()));
-        self.job_views.push(ViewChange::Lease(id.to_owned(), None));
         Some(lease)
     }
 
@@ -655,12 +695,12 @@ impl Hot {
         // The view changes were not published: dropping them takes them back.
         self.job_views.clear();
         self.job_unplaced.clear();
+        // What the job wrote may not be on disk any more.
+        self.rows.clear();
         while let Some(u) = self.undo.pop() {
             match u {
                 Undo::Leased { id, key } => {
-                    if let Some(lease) = self.leases.remove(&id) {
-                        self.seqs.remove(&lease.seq);
-                        self.by_expiry.remove(&(lease.expires_at, id.clone()));
+                    if let Some(lease) = self.unindex_lease(&id) {
                         match lease.promoted_at {
                             Some(at) => self.restore_promotion(
                                 id,
@@ -687,11 +727,7 @@ impl Hot {
                         d.upto = before;
                     }
                 }
-                Undo::Ended { id, lease } => {
-                    self.seqs.insert(lease.seq);
-                    self.by_expiry.insert((lease.expires_at, id.clone()));
-                    self.leases.insert(id, lease);
-                }
+                Undo::Ended { id, lease } => self.index_lease(id, lease),
                 Undo::Extended { id, before } => {
                     if let Some(lease) = self.leases.get_mut(&id) {
                         self.by_expiry.remove(&(lease.expires_at, id.clone()));
@@ -861,6 +897,7 @@ mod tests {
             leased_at: 1,
             expires_at: 100,
             promoted_at: None,
+            row: None,
         };
         hot.lease("m1", k(0, 1, 1), lease.clone());
         assert_eq!(hot.get("m1"), Some(&lease));

@@ -29,6 +29,7 @@ mod ops;
 mod promotion;
 mod reads;
 mod row;
+mod row_cache;
 mod schema;
 mod sessions;
 mod sql_error;

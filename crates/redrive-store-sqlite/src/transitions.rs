@@ -11,6 +11,7 @@ use crate::idempotency::{PurgedKey, Tombstone};
 use crate::key_order::{self, Mode};
 use crate::promotion::{self, DueQueues};
 use crate::row::Row;
+use crate::row_cache;
 use crate::schema::columns;
 use crate::sql_error::SqlResultExt;
 use redrive_core::{
@@ -25,6 +26,24 @@ use redrive_storage::{
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// The ack's one statement (see `WriterState::ack`), followed by `$tail`.
+macro_rules! ack_sql {
+    ($tail:expr) => {
+        concat!(
+            "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
+             lease_token = ?2, attempts = coalesce(?7, attempts), leased_at = coalesce(?8, leased_at), \
+             lease_expires_at = coalesce(?9, lease_expires_at), \
+             history = redrive_history_append(history, '{\"attempt\":' || coalesce(?7, attempts) || ',\"at\":\"' || ?4 || \
+               '\",\"leased_at\":' || coalesce('\"' || coalesce(?12, strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch')) || '\"', 'null') || \
+               ',\"event\":\"' || ?6 || '\"' || coalesce(',\"response\":' || ?5, '') || '}') \
+             WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND id = ?1 AND CASE WHEN ?7 IS NULL \
+               THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
+               ELSE state = ?11 AND attempts = ?7 - 1 END",
+            $tail
+        )
+    };
+}
 
 /// A lease as the writer made it: the row, not yet turned into a [`Message`]. Parsing the
 /// stored JSON (payload, headers, last error) happens in the caller's task, off the single
@@ -355,6 +374,7 @@ impl WriterState {
         let Some(lease) = self.hot.end(id) else {
             return Ok(());
         };
+        self.hot.rows.forget(lease.seq);
         let n = self
             .conn
             .prepare_cached(
@@ -381,7 +401,8 @@ impl WriterState {
     /// Write the promotion of the `scheduled` row at `seq` into it, at `at`, as the tick's
     /// promotion on disk does: how many rows it changed (1, or 0 if the row is not
     /// `scheduled`).
-    fn write_promotion(&self, seq: i64, at: i64) -> Result<usize, StoreError> {
+    fn write_promotion(&mut self, seq: i64, at: i64) -> Result<usize, StoreError> {
+        self.hot.rows.forget(seq);
         self.conn
             .prepare_cached(
                 "UPDATE messages SET state = 1, updated_at = ?2 WHERE seq = ?1 AND state = 0",
@@ -403,9 +424,48 @@ impl WriterState {
     // ---- row access ----
 
     /// The row of `id`, with its lease written into it if the lease was held in memory.
+    ///
+    /// Every transition but the hot path's (publish, lease, nack, ack, a lease's expiry)
+    /// reads its row here, so the row is forgotten in the writer's cache of rows
+    /// (`row_cache.rs`) before it changes.
     fn row_by_id(&mut self, id: &MessageId) -> Result<Row, StoreError> {
         self.materialize(&id.to_string())?;
-        self.stored_row(id)
+        let row = self.stored_row(id)?;
+        self.hot.rows.forget(row.seq);
+        Ok(row)
+    }
+
+    /// A row taken from the writer's cache (`row_cache.rs`), as it is on disk. In debug
+    /// builds (every test) it is compared with the row read from disk: a transition that
+    /// wrote a row without forgetting it there fails here.
+    fn checked_kept(&self, kept: Row) -> Result<Row, StoreError> {
+        #[cfg(debug_assertions)]
+        {
+            let stored = self.stored_row_at(kept.seq)?;
+            assert_eq!(
+                stored.as_ref(),
+                Some(&kept),
+                "a row kept by the writer differs from the row on disk"
+            );
+        }
+        Ok(kept)
+    }
+
+    /// Keep `row`, just written, for the next step of its cycle when that step is near:
+    /// a lease held in memory (`row_cache.rs`).
+    fn keep_row(&mut self, row: &Row) {
+        let near = match row.life.state {
+            State::Ready => true,
+            State::Scheduled => row.life.due_at.is_some_and(|d| {
+                d.as_millis() <= row.life.updated_at.as_millis() + row_cache::HORIZON_MS
+            }),
+            _ => false,
+        };
+        if near && self.leases_in_memory(&row.queue) {
+            self.hot.rows.put(row.clone());
+        } else {
+            self.hot.rows.forget(row.seq);
+        }
     }
 
     /// The row of `id` as readers see it: with its lease or promotion held in memory
@@ -418,6 +478,11 @@ impl WriterState {
         let Some(seq) = lease.map(|l| l.seq).or(promotion.map(|p| p.key.seq())) else {
             return self.stored_row(id);
         };
+        if let Some((l, kept)) = lease.and_then(|l| Some((l, l.row.as_deref()?))) {
+            let mut row = self.checked_kept(kept.clone())?;
+            hot::overlay(&mut row, &l.view());
+            return Ok(row);
+        }
         let mut row = self
             .stored_row_at(seq)?
             .filter(|r| r.id == key)
@@ -624,6 +689,9 @@ impl WriterState {
                         now.plus_ms(self.idempotency_window_ms).as_millis()
                     ]).db()?;
             }
+            if item.failed.is_none() {
+                self.keep_row(&row);
+            }
             self.moved(&row.queue, None, Some(row.life.state));
             self.place_ready(&row);
             self.wake_if_scheduled(&row)?;
@@ -759,6 +827,7 @@ impl WriterState {
             }
             self.hot.end(&row.id);
         }
+        self.keep_row(&row);
         self.moved(&row.queue, Some(from), Some(row.life.state));
         self.place_ready(&row);
         self.settle_key(&row.queue, row.key.as_deref(), row.seq)?;
@@ -844,7 +913,10 @@ impl WriterState {
             let Some((key, promoted)) = self.hot.first_candidate(&self.conn, &req.queue)? else {
                 break;
             };
-            let row = self.stored_row_at(key.seq())?;
+            let row = match self.hot.rows.take(key.seq()) {
+                Some(kept) => Some(self.checked_kept(kept)?),
+                None => self.stored_row_at(key.seq())?,
+            };
             // A promoted candidate's row is `scheduled` on disk, as the tick found it.
             let promoted_at = match (&row, promoted) {
                 (Some(r), true) => self
@@ -887,6 +959,10 @@ impl WriterState {
                 }
             }
             let attempt = row.life.attempts.saturating_add(1);
+            let kept = self
+                .hot
+                .lease_row_room(row_cache::size(&row))
+                .then(|| Arc::new(row.clone()));
             let lease = MemLease {
                 seq: row.seq,
                 queue: row.queue.clone(),
@@ -895,6 +971,7 @@ impl WriterState {
                 leased_at: now.as_millis(),
                 expires_at: expires.as_millis(),
                 promoted_at,
+                row: kept,
             };
             hot::overlay(&mut row, &lease.view());
             let id = row.id.clone();
@@ -1006,38 +1083,57 @@ impl WriterState {
         // A lease held in memory (`?7`…`?9`: its attempt, start and expiry) is written with
         // it, onto the row only as the lease left it, found by the `seq` the lease keeps
         // (`?10`; else through the id's index).
-        let fast: Option<Row> = self
-            .conn
-            .prepare_cached(concat!(
-                "UPDATE messages SET state = 3, finished_at = ?3, updated_at = ?3, lease_end = 'acked', \
-                 lease_token = ?2, attempts = coalesce(?7, attempts), leased_at = coalesce(?8, leased_at), \
-                 lease_expires_at = coalesce(?9, lease_expires_at), \
-                 history = redrive_history_append(history, '{\"attempt\":' || coalesce(?7, attempts) || ',\"at\":\"' || ?4 || \
-                   '\",\"leased_at\":' || coalesce('\"' || coalesce(?12, strftime('%Y-%m-%dT%H:%M:%fZ', leased_at / 1000.0, 'unixepoch')) || '\"', 'null') || \
-                   ',\"event\":\"' || ?6 || '\"' || coalesce(',\"response\":' || ?5, '') || '}') \
-                 WHERE seq = coalesce(?10, (SELECT seq FROM messages WHERE id = ?1)) AND id = ?1 AND CASE WHEN ?7 IS NULL \
-                   THEN lease_token = ?2 AND state = 2 AND lease_expires_at > ?3 \
-                   ELSE state = ?11 AND attempts = ?7 - 1 END RETURNING ",
-                columns!()
-            )).db()?
-            .query_row(
-                params![
-                    id,
-                    lease.token,
-                    now.as_millis(),
-                    now.to_rfc3339(),
-                    response,
-                    ack.event.as_str(),
-                    held.as_ref().map(|h| h.attempt),
-                    held.as_ref().map(|h| h.leased_at),
-                    held.as_ref().map(|h| h.expires_at),
-                    held.as_ref().map(|h| h.seq),
-                    held.as_ref().map(|h| h.disk_state().code()),
-                    held.as_ref().map(|h| Timestamp::from_millis(h.leased_at).to_rfc3339()),
-                ],
-                crate::row::from_sql,
-            )
-            .optional().db()?;
+        let params = params![
+            id,
+            lease.token,
+            now.as_millis(),
+            now.to_rfc3339(),
+            response,
+            ack.event.as_str(),
+            held.as_ref().map(|h| h.attempt),
+            held.as_ref().map(|h| h.leased_at),
+            held.as_ref().map(|h| h.expires_at),
+            held.as_ref().map(|h| h.seq),
+            held.as_ref().map(|h| h.disk_state().code()),
+            held.as_ref()
+                .map(|h| Timestamp::from_millis(h.leased_at).to_rfc3339()),
+        ];
+        // A lease held in memory with its row (`row_cache.rs`): the row it answers is that
+        // row as the statement leaves it, so nothing is read back.
+        let fast: Option<Row> = match held.as_ref().and_then(|h| Some((h, h.row.as_deref()?))) {
+            Some((h, kept)) => {
+                let n = self
+                    .conn
+                    .prepare_cached(ack_sql!(""))
+                    .db()?
+                    .execute(params)
+                    .db()?;
+                (n == 1).then(|| {
+                    let mut row = kept.clone();
+                    hot::overlay(&mut row, &h.view());
+                    row.life.state = State::Done;
+                    row.life.finished_at = Some(now);
+                    row.life.updated_at = now;
+                    row.life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
+                    row
+                })
+            }
+            None => self
+                .conn
+                .prepare_cached(ack_sql!(concat!(" RETURNING ", columns!())))
+                .db()?
+                .query_row(params, crate::row::from_sql)
+                .optional()
+                .db()?,
+        };
+        #[cfg(debug_assertions)]
+        if let Some(row) = &fast {
+            assert_eq!(
+                self.stored_row_at(row.seq)?.as_ref(),
+                Some(row),
+                "an ack's answer differs from its row"
+            );
+        }
         if let Some(row) = fast {
             if held.is_some() {
                 self.hot.end(&id);
@@ -1350,6 +1446,9 @@ impl WriterState {
             }
         }
         for (q, keys) in promoted.made_ready {
+            for key in &keys {
+                self.hot.rows.forget(key.seq());
+            }
             if self.leases_in_memory(&q) {
                 for key in keys {
                     self.hot.made_ready(&q, key);
