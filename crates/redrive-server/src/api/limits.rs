@@ -110,17 +110,7 @@ impl JsonArray {
 
     /// Append one item.
     pub fn push<T: serde::Serialize>(&mut self, item: &T) -> Result<(), ApiError> {
-        if self.count > 0 {
-            self.buf.push(b',');
-        }
-        serde_json::to_writer(&mut self.buf, item).map_err(|e| {
-            tracing::error!(error = %e, "cannot serialize an answer");
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error (logged on the server)",
-            )
-        })?;
+        self.write_item(item)?;
         self.count += 1;
         Ok(())
     }
@@ -132,7 +122,25 @@ impl JsonArray {
         item: &T,
         budget: usize,
     ) -> Result<bool, ApiError> {
-        let bytes = serde_json::to_vec(item).map_err(|e| {
+        // Written in place, and taken back if it does not fit.
+        let before = self.buf.len();
+        let used = self.bytes();
+        let item_bytes = self.write_item(item)?;
+        if used + item_bytes + 1 > budget {
+            self.buf.truncate(before);
+            return Ok(false);
+        }
+        self.count += 1;
+        Ok(true)
+    }
+
+    /// Write `item` after a comma if it is not the first: its JSON's length.
+    fn write_item<T: serde::Serialize>(&mut self, item: &T) -> Result<usize, ApiError> {
+        if self.count > 0 {
+            self.buf.push(b',');
+        }
+        let start = self.buf.len();
+        serde_json::to_writer(&mut self.buf, item).map_err(|e| {
             tracing::error!(error = %e, "cannot serialize an answer");
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -140,15 +148,7 @@ impl JsonArray {
                 "internal error (logged on the server)",
             )
         })?;
-        if self.bytes() + bytes.len() + 1 > budget {
-            return Ok(false);
-        }
-        if self.count > 0 {
-            self.buf.push(b',');
-        }
-        self.buf.extend_from_slice(&bytes);
-        self.count += 1;
-        Ok(true)
+        Ok(self.buf.len() - start)
     }
 
     /// Bytes of the items written so far (the few bytes around them are part of the
@@ -177,6 +177,28 @@ impl JsonArray {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_item_past_the_budget_is_taken_back_whole() {
+        // Each item `"ab"` is 4 bytes, counted with one byte for its comma.
+        let mut a = JsonArray::new("{\"items\":");
+        assert!(a.push_within(&"ab", 5).unwrap(), "4 + 1 fits in 5");
+        assert!(
+            !a.push_within(&"ab", 8).unwrap(),
+            "4 + 4 + 1 does not fit in 8"
+        );
+        assert!(
+            a.push_within(&"ab", 9).unwrap(),
+            "4, a comma and 4 fit in 9"
+        );
+        assert!(!a.push_within(&"abc", 0).unwrap());
+        assert_eq!(
+            (a.bytes(), a.count()),
+            (9, 2),
+            "nothing of the refused items is left"
+        );
+        assert_eq!(a.buf, br#"{"items":["ab","ab""#.to_vec());
+    }
 
     #[test]
     fn truncation_says_so_and_keeps_the_limit() {
