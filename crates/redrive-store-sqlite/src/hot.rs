@@ -54,7 +54,7 @@
 //! `key_order`, which a lease changes.
 
 use crate::row::Row;
-use crate::row_cache::{self, RowCache};
+use crate::row_cache::RowCache;
 use crate::sql_error::SqlResultExt;
 use redrive_core::{State, Timestamp};
 use rusqlite::{params, Connection};
@@ -179,6 +179,15 @@ impl MemLease {
             expires_at: self.expires_at,
             from: self.disk_state(),
         }
+    }
+
+    /// The row kept with this lease (`row_cache.rs`): as it is on disk, and as the lease
+    /// shows it (`leased`, with its token, attempt and expiry: [`overlay`]).
+    pub fn kept_shown(&self) -> Option<(&Row, Row)> {
+        let kept = self.row.as_deref()?;
+        let mut shown = kept.clone();
+        overlay(&mut shown, &self.view());
+        Some((kept, shown))
     }
 
     /// The row's state on disk while this lease is held: the state its write checks.
@@ -320,10 +329,9 @@ pub struct Hot {
     /// Per queue, the running job's transitions into `ready` less those it placed in the
     /// window ([`Self::moved_ready`], [`Self::made_ready`]).
     job_unplaced: HashMap<String, i64>,
-    /// Rows as the writer last wrote them (`row_cache.rs`).
+    /// Rows as the writer last wrote them, and the budget of the rows kept with leases
+    /// (`row_cache.rs`).
     pub rows: RowCache,
-    /// What the rows kept with leases here cost ([`row_cache::size`]).
-    lease_row_bytes: usize,
 }
 
 impl Hot {
@@ -341,24 +349,6 @@ impl Hot {
             views: Arc::new(Mutex::new(Shown::default())),
             job_unplaced: HashMap::new(),
             rows: RowCache::default(),
-            lease_row_bytes: 0,
-        }
-    }
-
-    /// Whether a row of `size` bytes may be kept with a lease (at most
-    /// [`row_cache::BYTES_MAX`] for all of them).
-    pub fn lease_row_room(&self, size: usize) -> bool {
-        self.lease_row_bytes + size <= row_cache::BYTES_MAX
-    }
-
-    fn count_lease_row(&mut self, lease: &MemLease, added: bool) {
-        if let Some(row) = &lease.row {
-            let s = row_cache::size(row);
-            if added {
-                self.lease_row_bytes += s;
-            } else {
-                self.lease_row_bytes = self.lease_row_bytes.saturating_sub(s);
-            }
         }
     }
 
@@ -637,7 +627,9 @@ impl Hot {
 
     /// Keep `lease` in every index of the leases here (no view change, no undo).
     fn index_lease(&mut self, id: String, lease: MemLease) {
-        self.count_lease_row(&lease, true);
+        if let Some(row) = &lease.row {
+            self.rows.lease_held(row);
+        }
         self.seqs.insert(lease.seq);
         self.by_expiry.insert((lease.expires_at, id.clone()));
         self.leases.insert(id, lease);
@@ -646,7 +638,9 @@ impl Hot {
     /// Take the lease of `id` out of every index here (no view change, no undo).
     fn unindex_lease(&mut self, id: &str) -> Option<MemLease> {
         let lease = self.leases.remove(id)?;
-        self.count_lease_row(&lease, false);
+        if let Some(row) = &lease.row {
+            self.rows.lease_dropped(row);
+        }
         self.seqs.remove(&lease.seq);
         self.by_expiry.remove(&(lease.expires_at, id.to_owned()));
         Some(lease)

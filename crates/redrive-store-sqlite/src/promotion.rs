@@ -257,33 +257,39 @@ fn promote_in_memory(
 }
 
 /// Write up to `share` due rows of `queue` `ready`, the first after those held in memory:
-/// their places in claim order.
+/// their places in claim order. The writer's kept copies of them are forgotten
+/// (`row_cache.rs`).
 fn promote_on_disk(
     conn: &Connection,
-    hot: &Hot,
+    hot: &mut Hot,
     queue: &str,
     t: i64,
     share: usize,
 ) -> Result<Vec<Key>, StoreError> {
     let (after_due, after_seq) = hot.scan_after(queue);
-    conn.prepare_cached(
-        "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
+    let keys: Vec<Key> = conn
+        .prepare_cached(
+            "UPDATE messages SET state = 1, updated_at = ?1 WHERE seq IN \
          (SELECT seq FROM messages WHERE queue = ?2 AND state = 0 AND due_at <= ?1 \
           AND due_at >= ?4 AND (due_at > ?4 OR seq > ?5) ORDER BY due_at, seq LIMIT ?3) \
          RETURNING seq, priority, due_at",
-    )
-    .db()?
-    .query_map(params![t, queue, share as i64, after_due, after_seq], |r| {
-        let due: Option<i64> = r.get(2)?;
-        Ok(Key::of(
-            r.get(1)?,
-            due.map(Timestamp::from_millis),
-            r.get(0)?,
-        ))
-    })
-    .db()?
-    .collect::<Result<_, _>>()
-    .db()
+        )
+        .db()?
+        .query_map(params![t, queue, share as i64, after_due, after_seq], |r| {
+            let due: Option<i64> = r.get(2)?;
+            Ok(Key::of(
+                r.get(1)?,
+                due.map(Timestamp::from_millis),
+                r.get(0)?,
+            ))
+        })
+        .db()?
+        .collect::<Result<_, _>>()
+        .db()?;
+    for key in &keys {
+        hot.rows.forget(key.seq());
+    }
+    Ok(keys)
 }
 
 #[cfg(test)]

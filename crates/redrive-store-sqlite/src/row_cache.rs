@@ -24,6 +24,7 @@
 
 use crate::row::Row;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// At most this many rows are kept.
 pub const ROWS_MAX: usize = 16_384;
@@ -48,11 +49,13 @@ pub fn size(row: &Row) -> usize {
         + opt(&row.target_url)
 }
 
-/// The rows kept, by `seq`.
+/// The rows kept, by `seq`, and what the rows kept with leases cost.
 #[derive(Debug, Default)]
 pub struct RowCache {
     rows: HashMap<i64, Row>,
     bytes: usize,
+    /// [`size`] of every row kept with a lease (`MemLease::row`), at most [`BYTES_MAX`].
+    lease_bytes: usize,
 }
 
 impl RowCache {
@@ -78,6 +81,22 @@ impl RowCache {
     /// The row at `seq` is about to change (or changed) otherwise than through here.
     pub fn forget(&mut self, seq: i64) {
         self.take(seq);
+    }
+
+    /// A copy of `row` to keep with a lease, if the leases' rows have room for it (it is
+    /// counted once the lease is held: [`Self::lease_held`]).
+    pub fn for_lease(&self, row: &Row) -> Option<Arc<Row>> {
+        (self.lease_bytes + size(row) <= BYTES_MAX).then(|| Arc::new(row.clone()))
+    }
+
+    /// A lease keeping `row` is held (again, after a rolled-back end).
+    pub fn lease_held(&mut self, row: &Row) {
+        self.lease_bytes += size(row);
+    }
+
+    /// A lease keeping `row` is no longer held.
+    pub fn lease_dropped(&mut self, row: &Row) {
+        self.lease_bytes = self.lease_bytes.saturating_sub(size(row));
     }
 
     /// Forget every row (a rolled-back job: what it wrote is not on disk).

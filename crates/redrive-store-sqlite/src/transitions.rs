@@ -374,7 +374,6 @@ impl WriterState {
         let Some(lease) = self.hot.end(id) else {
             return Ok(());
         };
-        self.hot.rows.forget(lease.seq);
         let n = self
             .conn
             .prepare_cached(
@@ -435,20 +434,19 @@ impl WriterState {
         Ok(row)
     }
 
-    /// A row taken from the writer's cache (`row_cache.rs`), as it is on disk. In debug
-    /// builds (every test) it is compared with the row read from disk: a transition that
-    /// wrote a row without forgetting it there fails here.
-    fn checked_kept(&self, kept: Row) -> Result<Row, StoreError> {
+    /// A row the writer kept (`row_cache.rs`), or made from one, taken as the row on disk.
+    /// In debug builds (every test) it is compared with the row read from disk: a
+    /// transition that wrote a row without forgetting it there fails here.
+    fn check_kept(&self, kept: &Row) -> Result<(), StoreError> {
         #[cfg(debug_assertions)]
-        {
-            let stored = self.stored_row_at(kept.seq)?;
-            assert_eq!(
-                stored.as_ref(),
-                Some(&kept),
-                "a row kept by the writer differs from the row on disk"
-            );
-        }
-        Ok(kept)
+        assert_eq!(
+            self.stored_row_at(kept.seq)?.as_ref(),
+            Some(kept),
+            "a row kept by the writer differs from the row on disk"
+        );
+        #[cfg(not(debug_assertions))]
+        let _ = kept;
+        Ok(())
     }
 
     /// Keep `row`, just written, for the next step of its cycle when that step is near:
@@ -478,10 +476,9 @@ impl WriterState {
         let Some(seq) = lease.map(|l| l.seq).or(promotion.map(|p| p.key.seq())) else {
             return self.stored_row(id);
         };
-        if let Some((l, kept)) = lease.and_then(|l| Some((l, l.row.as_deref()?))) {
-            let mut row = self.checked_kept(kept.clone())?;
-            hot::overlay(&mut row, &l.view());
-            return Ok(row);
+        if let Some((kept, shown)) = lease.and_then(MemLease::kept_shown) {
+            self.check_kept(kept)?;
+            return Ok(shown);
         }
         let mut row = self
             .stored_row_at(seq)?
@@ -914,7 +911,10 @@ impl WriterState {
                 break;
             };
             let row = match self.hot.rows.take(key.seq()) {
-                Some(kept) => Some(self.checked_kept(kept)?),
+                Some(kept) => {
+                    self.check_kept(&kept)?;
+                    Some(kept)
+                }
                 None => self.stored_row_at(key.seq())?,
             };
             // A promoted candidate's row is `scheduled` on disk, as the tick found it.
@@ -959,10 +959,7 @@ impl WriterState {
                 }
             }
             let attempt = row.life.attempts.saturating_add(1);
-            let kept = self
-                .hot
-                .lease_row_room(row_cache::size(&row))
-                .then(|| Arc::new(row.clone()));
+            let kept = self.hot.rows.for_lease(&row);
             let lease = MemLease {
                 seq: row.seq,
                 queue: row.queue.clone(),
@@ -1100,23 +1097,24 @@ impl WriterState {
         ];
         // A lease held in memory with its row (`row_cache.rs`): the row it answers is that
         // row as the statement leaves it, so nothing is read back.
-        let fast: Option<Row> = match held.as_ref().and_then(|h| Some((h, h.row.as_deref()?))) {
-            Some((h, kept)) => {
+        let fast: Option<Row> = match held.as_ref().and_then(MemLease::kept_shown) {
+            Some((_, mut row)) => {
                 let n = self
                     .conn
                     .prepare_cached(ack_sql!(""))
                     .db()?
                     .execute(params)
                     .db()?;
-                (n == 1).then(|| {
-                    let mut row = kept.clone();
-                    hot::overlay(&mut row, &h.view());
+                if n == 1 {
                     row.life.state = State::Done;
                     row.life.finished_at = Some(now);
                     row.life.updated_at = now;
                     row.life.lease_end = Some(LeaseEnd::Settled(Settled::Acked));
-                    row
-                })
+                    self.check_kept(&row)?;
+                    Some(row)
+                } else {
+                    None
+                }
             }
             None => self
                 .conn
@@ -1126,14 +1124,6 @@ impl WriterState {
                 .optional()
                 .db()?,
         };
-        #[cfg(debug_assertions)]
-        if let Some(row) = &fast {
-            assert_eq!(
-                self.stored_row_at(row.seq)?.as_ref(),
-                Some(row),
-                "an ack's answer differs from its row"
-            );
-        }
         if let Some(row) = fast {
             if held.is_some() {
                 self.hot.end(&id);
@@ -1446,9 +1436,6 @@ impl WriterState {
             }
         }
         for (q, keys) in promoted.made_ready {
-            for key in &keys {
-                self.hot.rows.forget(key.seq());
-            }
             if self.leases_in_memory(&q) {
                 for key in keys {
                     self.hot.made_ready(&q, key);

@@ -170,9 +170,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
     // A body that deserializes straight into `T` is taken as it is: one pass, no tree of
-    // values built first (that was two of every three passes over a publish's body, and
-    // a tenth of the server's HTTP work at 16 × 100). Only a body that does not is read
-    // again, as below, for the error to name what is wrong.
+    // values built first and walked again (a second pass over every body, the second of a
+    // publish's three). Only a body that does not is read again, as below, for the error
+    // to name what is wrong.
     if let Ok(v) = serde_json::from_slice::<T>(bytes) {
         return Ok(v);
     }
